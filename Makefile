@@ -1,0 +1,45 @@
+# The PipeDream toolchain: `make demo` and `make test` work on a fresh clone with nothing before them.
+#
+# TORCH pins the torch install of the dev/CI venv (the CPU build here); a GPU user overrides it:
+#   make install TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    ?= demo-out
+
+# One thread per process: with more threads than free cores torch's spinning threads crawl.
+export OMP_NUM_THREADS := 1
+export MKL_NUM_THREADS := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install demo test lint bench gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m bench.demo --out $(OUT)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check pdprof pdplan pdrun shared tests bench
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m bench.run_all
+
+gpu-check: install
+	$(BIN)/python -m bench.gpu_check
+
+clean:
+	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,1 @@
+"""pdplan: PipeDream's partitioner over a layer graph, writing an editable stage plan."""

@@ -1,0 +1,1 @@
+"""pdrun: run a stage plan as pipeline-parallel workers over torch.distributed."""

@@ -1,0 +1,130 @@
+"""The common shape of our JSON artifacts: a versioned format, the writer, strict loading.
+
+Each artifact is a pydantic model. Loading parses the JSON, validates every field and
+turns the first failure into one ``ArtifactError`` line that names the file, the field
+path (``stages[1].replicas``) and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.errors import ArtifactError
+from shared.io import atomic_write_bytes, display_name, read_text
+from shared.version import __version__
+
+
+def _torch_version() -> str | None:
+    # importlib.metadata, not `import torch`: pdplan must not pay torch's import time.
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class Writer(BaseModel):
+    """Which versions wrote an artifact."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    toolchain: str = __version__
+    torch: str | None = Field(default_factory=_torch_version)
+
+
+class Strict(BaseModel):
+    """Base of every artifact part: unknown fields are typos, and typos are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+A = TypeVar("A", bound=BaseModel)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """``('stages', 1, 'replicas')`` -> ``stages[1].replicas``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validation_error(path: str, exc: ValidationError) -> ArtifactError:
+    """The first error of a pydantic ``ValidationError`` as one clear line."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if err["type"] == "missing":
+        return ArtifactError(path, field_path(loc), "required field is missing")
+    if err["type"] == "extra_forbidden":
+        return ArtifactError(path, field_path(loc), "unknown field (a typo?)")
+    got = "" if err["type"].startswith("value_error") else f" (got {_short(err.get('input'))})"
+    return ArtifactError(path, field_path(loc), f"{msg}{got}")
+
+
+def parse_json(text: str, source: str, what: str) -> Any:
+    """Parse ``text`` as JSON or fail naming the line and column."""
+    if not text.strip():
+        raise ArtifactError(source, "", f"empty input (expected {what} as JSON)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(
+            source, "", f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg} (expected {what})"
+        ) from None
+
+
+def check_format(data: Any, source: str, expected: str) -> None:
+    """Fail early and plainly when the JSON is not this artifact at all."""
+    if not isinstance(data, dict):
+        raise ArtifactError(source, "", f"expected a JSON object ({expected}), got {type(data).__name__}")
+    fmt = data.get("format")
+    if fmt is None:
+        raise ArtifactError(source, "format", f"required field is missing (expected {expected!r})")
+    if fmt != expected:
+        name = expected.split("/")[0]
+        if isinstance(fmt, str) and fmt.split("/")[0] == name:
+            raise ArtifactError(
+                source, "format", f"version {fmt!r} is not supported by this toolchain (expected {expected!r})"
+            )
+        raise ArtifactError(source, "format", f"expected {expected!r}, got {_short(fmt)}")
+
+
+def validate_data(cls: type[A], data: Any, source: str) -> A:
+    """Validate parsed JSON against ``cls``, or raise one ``ArtifactError``."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(source, exc) from None
+
+
+def load_json_artifact(cls: type[A], source: str | os.PathLike[str], fmt: str, what: str) -> A:
+    """Read, parse and validate an artifact from a path or ``-``."""
+    name = display_name(source)
+    data = parse_json(read_text(source, what), name, what)
+    check_format(data, name, fmt)
+    return validate_data(cls, data, name)
+
+
+def dump_json(model: BaseModel) -> str:
+    """An artifact as indented JSON, stable field order, ending in a newline."""
+    return model.model_dump_json(indent=2, by_alias=True) + "\n"
+
+
+def save_json_artifact(model: BaseModel, path: str | os.PathLike[str]) -> None:
+    """Write an artifact atomically."""
+    atomic_write_bytes(path, dump_json(model).encode("utf-8"))

@@ -1,0 +1,129 @@
+"""What the three command lines share: the group with a default command, errors, the console.
+
+Each tool is a click group whose bare form runs its main command (``pdplan graph.json``
+means ``pdplan plan graph.json``), with ``--version``, ``--debug`` and one place where
+our errors become one line on stderr and an exit status. Human output goes to stderr
+through rich; machine output (JSON) goes to stdout, so pipes stay clean.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+
+from shared.errors import EXIT_USAGE, PDError, exit_code_for
+from shared.version import __version__
+
+# stderr: the human channel. stdout is kept for JSON.
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+_GROUP_FLAGS = {"--debug"}
+_GROUP_EXITS = {"--help", "-h", "--version"}
+
+
+class ToolGroup(click.Group):
+    """A click group that runs ``default_command`` when the first word is not a subcommand."""
+
+    def __init__(self, *args: Any, default_command: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.default_command = default_command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        i = 0
+        while i < len(args) and args[i] in _GROUP_FLAGS:
+            i += 1
+        if self.default_command is not None:
+            rest = args[i:]
+            bare_exit = len(rest) == 1 and rest[0] in _GROUP_EXITS
+            if not bare_exit and (not rest or rest[0] not in self.commands):
+                if not rest and sys.stdin.isatty():
+                    pass  # `pdplan` alone at a terminal: show the group's help below
+                else:
+                    args.insert(i, self.default_command)
+        return super().parse_args(ctx, args)
+
+    def main(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        debug = "--debug" in argv or os.environ.get("PIPEDREAM_DEBUG") == "1"
+        name = prog_name or self.name or "tool"
+        try:
+            return super().main(argv, prog_name=name, standalone_mode=False, **extra)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            console.print(f"{name}: aborted")
+            sys.exit(130)
+        except click.ClickException as exc:
+            if isinstance(exc, click.UsageError) and exc.ctx is not None:
+                console.print(exc.ctx.get_usage(), markup=False)
+            console.print(f"{name}: error: {exc.format_message()}", markup=False)
+            sys.exit(exc.exit_code)
+        except PDError as exc:
+            if debug:
+                traceback.print_exc()
+            console.print(f"{name}: error: {exc}", markup=False)
+            sys.exit(exc.exit_code)
+        except BrokenPipeError:
+            # `pdplan show | head`: the reader left; that is not our error.
+            sys.stderr.close()
+            sys.exit(0)
+        except KeyboardInterrupt:
+            console.print(f"{name}: interrupted")
+            sys.exit(130)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
+            if debug:
+                traceback.print_exc()
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            console.print(
+                f"{name}: internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
+                markup=False,
+            )
+            sys.exit(exit_code_for(exc))
+
+
+def tool_group(name: str, help_text: str, default_command: str | None) -> ToolGroup:
+    """Build a tool's top-level group with ``--version`` and ``--debug``."""
+
+    @click.group(
+        name=name,
+        cls=ToolGroup,
+        default_command=default_command,
+        help=help_text,
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    )
+    @click.version_option(__version__, "--version", prog_name=name, message="%(prog)s %(version)s")
+    @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+    def group(debug: bool) -> None:
+        if debug:
+            os.environ["PIPEDREAM_DEBUG"] = "1"
+
+    assert isinstance(group, ToolGroup)
+    return group
+
+
+def parse_kv(pairs: Sequence[str], option: str) -> dict[str, Any]:
+    """``("depth=3", "name=x")`` -> ``{"depth": 3, "name": "x"}``; values are Python literals or strings."""
+    import ast
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise click.BadParameter(f"expected key=value with a Python name as key, got {pair!r}", param_hint=option)
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value
+    return out
+
+
+__all__ = ["EXIT_USAGE", "ToolGroup", "console", "parse_kv", "tool_group"]

@@ -1,0 +1,83 @@
+"""Reading artifacts from a file or standard input and writing them atomically.
+
+A tool's input is a path or ``-`` (standard input, so that ``pdprof | pdplan | pdrun``
+works); its output goes to standard output or to ``-o FILE``. Files are written to a
+temporary file beside the target and renamed over it, so a reader never sees half a
+file and a crash never destroys what was there before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from shared.errors import UserError
+
+STDIO = "-"
+
+
+def display_name(source: str | os.PathLike[str]) -> str:
+    """How a source is named in messages: ``<stdin>`` for ``-``."""
+    return "<stdin>" if str(source) == STDIO else str(source)
+
+
+def read_bytes(source: str | os.PathLike[str], what: str) -> bytes:
+    """Read ``source`` (a path or ``-``); ``what`` names the expected content for errors."""
+    if str(source) == STDIO:
+        if sys.stdin.isatty():
+            raise UserError(
+                f"expected {what} on standard input, but it is a terminal: "
+                f"pass a file, or pipe one in (e.g. `pdprof ... | pdplan ...`)"
+            )
+        return sys.stdin.buffer.read()
+    path = Path(source)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file (expected {what})") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory (expected {what})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def read_text(source: str | os.PathLike[str], what: str) -> str:
+    """Read ``source`` as UTF-8 text."""
+    data = read_bytes(source, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{display_name(source)}: not UTF-8 text at byte {exc.start} (expected {what})"
+        ) from None
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    target = Path(path)
+    parent = target.parent
+    if not parent.is_dir():
+        raise UserError(f"{target}: cannot write: directory {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_output(text: str, out: str | os.PathLike[str] | None) -> None:
+    """Write ``text`` to ``out`` atomically, or to standard output when ``out`` is None or ``-``."""
+    if out is None or str(out) == STDIO:
+        sys.stdout.write(text)
+        if not text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
+    atomic_write_bytes(out, text.encode("utf-8") if text.endswith("\n") else (text + "\n").encode("utf-8"))

