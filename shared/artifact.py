@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -39,21 +40,34 @@ class Writer(BaseModel):
 class Strict(BaseModel):
     """Base of every artifact part: unknown fields are typos, and typos are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity in any float field: JSON has no spelling for them (pydantic would
+    # write null), so an artifact holding one could be saved but never loaded again.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 A = TypeVar("A", bound=BaseModel)
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
 def field_path(loc: tuple[int | str, ...]) -> str:
-    """``('stages', 1, 'replicas')`` -> ``stages[1].replicas``."""
+    """``('stages', 1, 'replicas')`` -> ``stages[1].replicas``; odd keys are quoted: ``graph["a b"]``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif _PLAIN_KEY.match(part):
+            out += f".{part}" if out else part
         else:
-            out += f".{part}" if out else str(part)
+            # A key from the file may hold a newline or anything else: JSON-quote it so the
+            # error stays one printable line.
+            out += f"[{json.dumps(part)}]"
     return out or "(top level)"
+
+
+# A model validator's message starts with the field it is about: "stages[1].ranks: ...".
+_LEADING_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_]*)*): (.+)$", re.S)
 
 
 def _short(value: Any) -> str:
@@ -68,12 +82,24 @@ def validation_error(path: str, exc: ValidationError) -> ArtifactError:
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+        lead = _LEADING_FIELD.match(msg)
+        if lead is not None:
+            # The validator named a field below the object it checked: use it as the path.
+            prefix = field_path(loc)
+            inner = lead.group(1)
+            where = inner if prefix == "(top level)" else f"{prefix}.{inner}"
+            return ArtifactError(path, where, _one_line(lead.group(2)))
     if err["type"] == "missing":
         return ArtifactError(path, field_path(loc), "required field is missing")
     if err["type"] == "extra_forbidden":
         return ArtifactError(path, field_path(loc), "unknown field (a typo?)")
     got = "" if err["type"].startswith("value_error") else f" (got {_short(err.get('input'))})"
-    return ArtifactError(path, field_path(loc), f"{msg}{got}")
+    return ArtifactError(path, field_path(loc), _one_line(f"{msg}{got}"))
+
+
+def _one_line(text: str) -> str:
+    """Error text on one line, whatever the input it quotes."""
+    return " ".join(text.split()) if ("\n" in text or "\r" in text) else text
 
 
 def parse_json(text: str, source: str, what: str) -> Any:
@@ -86,6 +112,8 @@ def parse_json(text: str, source: str, what: str) -> Any:
         raise ArtifactError(
             source, "", f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg} (expected {what})"
         ) from None
+    except RecursionError:
+        raise ArtifactError(source, "", f"JSON nested too deeply to read (expected {what})") from None
 
 
 def check_format(data: Any, source: str, expected: str) -> None:

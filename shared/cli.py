@@ -64,13 +64,13 @@ class ToolGroup(click.Group):
             sys.exit(130)
         except click.ClickException as exc:
             if isinstance(exc, click.UsageError) and exc.ctx is not None:
-                console.print(exc.ctx.get_usage(), markup=False)
-            console.print(f"{name}: error: {exc.format_message()}", markup=False)
+                console.print(exc.ctx.get_usage(), markup=False, emoji=False)
+            console.print(f"{name}: error: {exc.format_message()}", markup=False, emoji=False)
             sys.exit(exc.exit_code)
         except PDError as exc:
             if debug:
                 traceback.print_exc()
-            console.print(f"{name}: error: {exc}", markup=False)
+            console.print(f"{name}: error: {exc}", markup=False, emoji=False)
             sys.exit(exc.exit_code)
         except BrokenPipeError:
             # `pdplan show | head`: the reader left; that is not our error.
@@ -79,13 +79,14 @@ class ToolGroup(click.Group):
         except KeyboardInterrupt:
             console.print(f"{name}: interrupted")
             sys.exit(130)
-        except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
+        except Exception as exc:  # the last line of defence: one line, no traceback
             if debug:
                 traceback.print_exc()
             first = str(exc).splitlines()[0] if str(exc) else ""
             console.print(
                 f"{name}: internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
                 markup=False,
+                emoji=False,
             )
             sys.exit(exit_code_for(exc))
 

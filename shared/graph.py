@@ -65,7 +65,7 @@ class Timing(Strict):
 class LayerGraph(Strict):
     """The ``pdprof.graph/1`` artifact."""
 
-    format: Literal["pdprof.graph/1"] = FORMAT_GRAPH
+    format: Literal["pdprof.graph/1"] = "pdprof.graph/1"
     writer: Writer = Field(default_factory=Writer)
     source: str = Field(default="pdprof", description="pdprof, or pipedream:FILE for an imported profile")
     spec: RunSpec = Field(default_factory=RunSpec)

@@ -8,6 +8,7 @@ the graph hash).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any, Literal
@@ -87,7 +88,7 @@ class Prediction(Strict):
 class Plan(Strict):
     """The ``pdplan.plan/1`` artifact."""
 
-    format: Literal["pdplan.plan/1"] = FORMAT_PLAN
+    format: Literal["pdplan.plan/1"] = "pdplan.plan/1"
     writer: Writer = Field(default_factory=Writer)
     graph_hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     graph_source: str = Field(default="pdprof")
@@ -128,8 +129,13 @@ class Plan(Strict):
                     raise ValueError(f"stages[{s}].ranks: rank {rank} also runs stage {rank_owner[rank]}")
                 rank_owner[rank] = s
         if len(rank_owner) != self.world_size:
-            missing = sorted(set(range(self.world_size)) - set(rank_owner))
-            raise ValueError(f"world_size: {self.world_size} ranks, but no stage runs rank(s) {missing}")
+            # Lazily: world_size comes from the file and may be huge; the first few gaps are enough.
+            missing = list(itertools.islice((r for r in itertools.count() if r not in rank_owner), 3))
+            more = " ..." if self.world_size - len(rank_owner) > len(missing) else ""
+            raise ValueError(
+                f"world_size: {self.world_size} ranks, but the stages run {len(rank_owner)}; "
+                f"no stage runs rank(s) {missing}{more}"
+            )
         return self
 
     def stage_of(self) -> dict[str, int]:
@@ -144,18 +150,41 @@ class Plan(Strict):
         raise KeyError(rank)
 
 
-def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan") -> None:
-    """Refuse a plan that does not cover ``graph`` exactly with convex, ordered stages."""
+def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan", world_size: int | None = None) -> None:
+    """Refuse a plan that does not fit ``graph`` (and, when given, a launcher of ``world_size`` ranks).
+
+    Checks, in order: the graph hash (a plan for another model), every plan layer is in the
+    graph, every graph layer is in a stage, stages follow the data flow (which makes each
+    stage convex: a path that leaves a stage only reaches later stages, so never comes
+    back), and the ranks the plan needs. Each message names the stage and the layer.
+    """
     owner = plan.stage_of()
     ids = [n.id for n in graph.nodes]
-    for s, stage in enumerate(plan.stages):
-        for layer in stage.layers:
-            if layer not in set(ids):
-                raise PlanError(f"{source}: stages[{s}].layers: layer {layer!r} is not in the graph")
+    id_set = set(ids)
+    foreign = next(((s, layer) for s, st in enumerate(plan.stages) for layer in st.layers if layer not in id_set), None)
     missing = [i for i in ids if i not in owner]
+    expected = graph.structure_hash()
+    if plan.graph_hash != expected:
+        if foreign is not None:
+            why = f"stages[{foreign[0]}] holds layer {foreign[1]!r}, which this graph does not have"
+        elif missing:
+            why = f"layer {missing[0]!r} of this graph is in no stage"
+        else:
+            why = "the layers match but the edges between them differ"
+        raise PlanError(
+            f"{source}: graph_hash: the plan was made for another graph ({plan.graph_hash[:19]}...), "
+            f"this one is {expected[:19]}... ({why}); re-run pdplan on this graph"
+        )
+    if foreign is not None:
+        s, layer = foreign
+        raise PlanError(f"{source}: stages[{s}].layers: layer {layer!r} (stage {s}) is not in the graph")
     if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise PlanError(f"{source}: stages: layer {missing[0]!r}{more} is in no stage; every layer needs one")
+        g = graph.to_networkx()
+        first = missing[0]
+        near = sorted({owner[p] for p in g.predecessors(first) if p in owner} | {owner[n] for n in g.successors(first) if n in owner})
+        hint = f" (its neighbours are in stage(s) {near})" if near else ""
+        more = f"; {len(missing) - 1} more layer(s) are missing too" if len(missing) > 1 else ""
+        raise PlanError(f"{source}: stages: layer {first!r} is in no stage{hint}; every layer needs one{more}")
     for edge in graph.edges:
         a, b = owner[edge.source], owner[edge.target]
         if a > b:
@@ -163,11 +192,12 @@ def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan") -> 
                 f"{source}: stages[{b}]: not convex: layer {edge.target!r} (stage {b}) feeds from "
                 f"{edge.source!r} in the later stage {a}; stages must follow the data flow"
             )
-    expected = graph.structure_hash()
-    if plan.graph_hash != expected:
+    if world_size is not None and world_size != plan.world_size:
+        last = len(plan.stages) - 1
         raise PlanError(
-            f"{source}: graph_hash: the plan was made for another graph ({plan.graph_hash[:19]}...), "
-            f"this one is {expected[:19]}...; re-run pdplan on this graph"
+            f"{source}: world_size: the plan needs {plan.world_size} ranks (stages[{last}] ends with rank "
+            f"{max(plan.stages[last].ranks)}, layer {plan.stages[last].layers[-1]!r}), "
+            f"but the launcher provides {world_size}"
         )
 
 

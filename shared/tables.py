@@ -9,9 +9,11 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,20 +33,26 @@ class TableFormat:
     name: str
     what: str
     columns: dict[str, str]  # column -> "int", "float" or "str"
+    non_negative: tuple[str, ...] = ()  # numeric columns that must be >= 0 (and not NaN)
+    finite: tuple[str, ...] = ()  # float columns that must hold no NaN or infinity
 
 
 PROFILE_TABLE = TableFormat(
     FORMAT_TABLE,
     "a profile table (pdprof.table/1, Parquet)",
     {"layer": "str", "phase": "str", "repeat": "int", "ms": "float"},
+    non_negative=("repeat", "ms"),
+    finite=("ms",),
 )
 RUN_METRICS = TableFormat(
     FORMAT_METRICS,
     "run metrics (pdrun.metrics/1, Parquet)",
     {"step": "int", "loss": "float"},
+    # The loss may be NaN or infinite: a diverged run is recorded as it happened.
+    non_negative=("step",),
 )
 
-_KIND_CHECK = {
+_KIND_CHECK: dict[str, Callable[[Any], bool]] = {
     "int": pd.api.types.is_integer_dtype,
     "float": pd.api.types.is_numeric_dtype,
     "str": lambda d: pd.api.types.is_string_dtype(d) or pd.api.types.is_object_dtype(d),
@@ -52,11 +60,39 @@ _KIND_CHECK = {
 
 
 def _check_columns(df: pd.DataFrame, fmt: TableFormat, source: str) -> None:
+    duplicated = [str(c) for c in df.columns[df.columns.duplicated()]]
+    if duplicated:
+        raise ArtifactError(source, f"columns.{duplicated[0]}", "column appears more than once")
     for column, kind in fmt.columns.items():
         if column not in df.columns:
             raise ArtifactError(source, f"columns.{column}", f"required column is missing ({fmt.name})")
-        if not _KIND_CHECK[kind](df[column].dtype):
-            raise ArtifactError(source, f"columns.{column}", f"expected {kind} values, got {df[column].dtype}")
+        values = df[column]
+        if not _KIND_CHECK[kind](values.dtype):
+            raise ArtifactError(source, f"columns.{column}", f"expected {kind} values, got {values.dtype}")
+        if kind == "str":
+            bad = ~values.map(lambda v: isinstance(v, str)).astype(bool)
+            if bad.any():
+                row = int(bad.to_numpy().nonzero()[0][0])
+                raise ArtifactError(
+                    source, f"columns.{column}[{row}]", f"expected a string, got {_short(values.iloc[row])}"
+                )
+    for column in fmt.finite:
+        numbers = df[column].to_numpy(dtype="float64")
+        bad_rows = (~np.isfinite(numbers)).nonzero()[0]
+        if len(bad_rows):
+            row = int(bad_rows[0])
+            raise ArtifactError(source, f"columns.{column}[{row}]", f"expected a finite number, got {numbers[row]}")
+    for column in fmt.non_negative:
+        numbers = df[column].to_numpy(dtype="float64")
+        bad_rows = (~(numbers >= 0)).nonzero()[0]
+        if len(bad_rows):
+            row = int(bad_rows[0])
+            raise ArtifactError(source, f"columns.{column}[{row}]", f"expected a number >= 0, got {numbers[row]}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def table_bytes(df: pd.DataFrame, fmt: TableFormat, meta: dict[str, Any]) -> bytes:
@@ -96,6 +132,10 @@ def load_table(source: str | os.PathLike[str], fmt: TableFormat) -> tuple[pd.Dat
     if not isinstance(description, dict) or description.get("format") != fmt.name:
         got = description.get("format") if isinstance(description, dict) else description
         raise ArtifactError(name, "metadata.pipedream.format", f"expected {fmt.name!r}, got {got!r}")
-    df = table.to_pandas()
+    try:
+        df = table.to_pandas()
+    except Exception as exc:  # a damaged pandas block in the metadata, or an unconvertible column
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ArtifactError(name, "", f"cannot read the table's columns ({reason}); expected {fmt.what}") from None
     _check_columns(df, fmt, name)
     return df, description
