@@ -69,6 +69,8 @@ def _target_name(node: fx.Node) -> str:
         return "getitem"
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    if name.startswith("_VariableFunctionsClass."):  # torch.relu and friends: name them as users write them
+        module, name = "torch", name.split(".", 1)[1]
     short = module.replace("torch._C._nn", "torch.nn.functional").replace("_operator", "operator")
     return f"{short}.{name}" if short else str(name)
 
@@ -86,9 +88,9 @@ class _Tracer(fx.Tracer):
         cls = type(m)
         if cls.__name__ in self.leaf_names or f"{cls.__module__}.{cls.__qualname__}" in self.leaf_names:
             return True
-        if self.options.depth is not None and module_qualified_name:
-            if module_qualified_name.count(".") + 1 >= self.options.depth:
-                return True
+        depth = self.options.depth
+        if depth is not None and module_qualified_name and module_qualified_name.count(".") + 1 >= depth:
+            return True
         # Recurrent layers are torch.nn leaves already; keep any module without children as one layer too.
         return super().is_leaf_module(m, module_qualified_name) or not any(True for _ in m.children())
 

@@ -1,0 +1,98 @@
+"""``pdprof profile`` (the default command): a model spec becomes a layer graph and a profile table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pdprof.profiler import ProfileConfig, ProfileResult, profile_spec
+from pdprof.report import summary_line
+from shared.cli import console, parse_kv
+from shared.graph import graph_json
+from shared.io import write_output
+from shared.spec import RunSpec, TraceOptions
+from shared.tables import PROFILE_TABLE, save_table
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Progress]:
+    bar = Progress(
+        TextColumn("[bold]pdprof[/] {task.description:<8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with bar:
+        yield bar
+
+
+@click.command("profile")
+@click.option("--model", "model", required=True, metavar="SPEC",
+              help="zoo:NAME, package.module:callable or path/to/file.py:callable returning an nn.Module.")
+@click.option("--data", "data", required=True, metavar="SPEC",
+              help="A dataset spec (same forms) giving (input, target) pairs; the first batch is profiled.")
+@click.option("--batch-size", required=True, type=click.IntRange(min=1), help="Samples per batch (minibatch).")
+@click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]", help="Where to run.")
+@click.option("--model-arg", "model_args", multiple=True, metavar="K=V", help="Keyword argument for the model callable.")
+@click.option("--data-arg", "data_args", multiple=True, metavar="K=V", help="Keyword argument for the dataset callable.")
+@click.option("--loss", default="cross_entropy", show_default=True, metavar="SPEC",
+              help="cross_entropy, mse, or a callable spec loss(output, target).")
+@click.option("--depth", type=click.IntRange(min=1), default=None,
+              help="Keep every module this deep (1 = the model's direct children) as one layer.")
+@click.option("--leaf-module", "leaf_modules", multiple=True, metavar="NAME",
+              help="Keep modules of this class (name or module.QualName) as single layers; repeatable.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first.")
+@click.option("--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds (medians).")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
+@click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
+@click.option("--table", "table", default=None, metavar="FILE", help="Write the raw samples here (Parquet).")
+def profile(
+    model: str,
+    data: str,
+    batch_size: int,
+    device: str,
+    model_args: tuple[str, ...],
+    data_args: tuple[str, ...],
+    loss: str,
+    depth: int | None,
+    leaf_modules: tuple[str, ...],
+    warmup: int,
+    repeats: int,
+    threads: int,
+    out: str | None,
+    table: str | None,
+) -> None:
+    """Profile a model: per layer forward/backward time, activation, parameter and saved bytes.
+
+    \b
+    Examples:
+      pdprof --model zoo:resmlp --data zoo:digits --batch-size 64 -o graph.json
+      pdprof --model my_model.py:build --data my_data.py:train --batch-size 32 --table profile.parquet
+      pdprof --model zoo:resnet50 --data zoo:synthetic --data-arg shape='(3,224,224)' --batch-size 8 \\
+             --leaf-module Bottleneck | pdplan - --workers 4 --bandwidth 1e9
+    """
+    spec = RunSpec(
+        model=model,
+        model_args=parse_kv(model_args, "--model-arg"),
+        data=data,
+        data_args=parse_kv(data_args, "--data-arg"),
+        loss=loss,
+        trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
+    )
+    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads)
+    with _progress_bar() as bar:
+        task = bar.add_task("loading", total=None)
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total)
+
+        result: ProfileResult = profile_spec(config, progress)
+    if table is not None:
+        save_table(result.table, table, PROFILE_TABLE, result.table_meta)
+    write_output(graph_json(result.graph), out)
+    console.print(summary_line(result.graph) + (f" -> {out}" if out else "") + (f", table -> {table}" if table else ""))

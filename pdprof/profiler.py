@@ -1,0 +1,216 @@
+"""The profiler: a model and a batch become a layer graph (medians) and a profile table (samples).
+
+Steps: trace the model (``shared.tracer``, the same layers pdrun will build), measure
+sizes once, then run ``warmup + repeats`` rounds. Each round runs one directly timed
+training step of the user's model and one step timed per layer, in alternating order, so
+that drift and the noise of a shared machine fall on both alike; the figures of the
+warm-up rounds are dropped. Medians go into the graph, every sample into the table.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from pdprof.batch import batch_shape, first_batch
+from pdprof.clock import clock_for
+from pdprof.sizes import LayerSize, measure_sizes
+from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
+from shared.errors import UserError
+from shared.graph import Edge, LayerGraph, Node, Timing
+from shared.resolve import resolve_dataset, resolve_loss, resolve_model
+from shared.spec import RunSpec
+from shared.tracer import TracedModel, parameter_bytes, trace
+
+# (phase, done, total): phase is "tracing", "sizes", "warmup" or "timing".
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Everything a profile depends on besides the model's own code."""
+
+    spec: RunSpec
+    batch_size: int
+    device: str = "cpu"
+    warmup: int = 2
+    repeats: int = 10
+    threads: int = 1
+
+
+@dataclass
+class ProfileResult:
+    """The layer graph, the raw samples, and the table's description."""
+
+    graph: LayerGraph
+    table: pd.DataFrame
+    table_meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> ProfileResult:
+    """Resolve the specs in ``config`` and profile the model on the first batch of the dataset."""
+    spec = config.spec
+    if spec.model is None or spec.data is None:
+        raise UserError("profiling needs a model spec (--model) and a dataset spec (--data)")
+    device = _device(config.device)
+    torch.manual_seed(0)
+    model = resolve_model(spec.model, spec.model_args)
+    dataset = resolve_dataset(spec.data, spec.data_args)
+    loss_fn = resolve_loss(spec.loss)
+    inputs, target = first_batch(dataset, config.batch_size, device, spec.data)
+    return profile_model(model, inputs, target, loss_fn, config, progress)
+
+
+def profile_model(
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    target: Any,
+    loss_fn: LossFn,
+    config: ProfileConfig,
+    progress: Progress | None = None,
+) -> ProfileResult:
+    """Profile ``model`` on one batch (already on the device): ``model(*inputs)`` against ``target``."""
+    report = progress or (lambda phase, done, total: None)
+    device = _device(config.device)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        report("tracing", 0, 1)
+        traced = trace(model, config.spec.trace)
+        model.to(device).train()
+        traced.module.to(device).train()
+        clock = clock_for(device)
+
+        report("sizes", 0, 1)
+        sizes, output = measure_sizes(traced.module, inputs)
+        _check_loss(loss_fn(output, target), config.spec.loss)
+        model.zero_grad(set_to_none=True)
+
+        rounds = config.warmup + config.repeats
+        steps: list[float] = []
+        samples: list[StepTimes] = []
+        for r in range(rounds):
+            # Alternate which of the two goes first, so neither always runs on a warmer cache.
+            pair: list[Callable[[], Any]] = [
+                lambda: whole_step(model, inputs, target, loss_fn, clock),
+                lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
+            ]
+            results: dict[int, Any] = {}
+            for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                results[k] = pair[k]()
+                model.zero_grad(set_to_none=True)
+            if r >= config.warmup:
+                steps.append(results[0])
+                samples.append(results[1])
+            phase = "warmup" if r < config.warmup else "timing"
+            report(phase, r + 1, rounds)
+        return _assemble(traced, sizes, steps, samples, inputs, config, device)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _check_loss(loss: Any, spec: str) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+        what = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        why = "" if not isinstance(loss, torch.Tensor) or loss.dim() != 0 else " that does not require grad"
+        raise UserError(f"loss {spec!r}: returned {what}{why}; expected a scalar tensor to call backward() on")
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _assemble(
+    traced: TracedModel,
+    sizes: dict[str, LayerSize],
+    steps: list[float],
+    samples: list[StepTimes],
+    inputs: tuple[Any, ...],
+    config: ProfileConfig,
+    device: torch.device,
+) -> ProfileResult:
+    rows: list[dict[str, Any]] = []
+    nodes: list[Node] = []
+    for layer in traced.layers:
+        size = sizes[layer.name]
+        medians: dict[str, float] = {}
+        for phase in ("forward", "backward"):
+            values = [0.0 if layer.op == "input" else s.of(phase).get(layer.name, 0.0) for s in samples]
+            rows += [{"layer": layer.name, "phase": phase, "repeat": i, "ms": v} for i, v in enumerate(values)]
+            medians[phase] = _median(values)
+        nodes.append(
+            Node(
+                id=layer.name,
+                op=layer.op,
+                target=layer.target,
+                forward_ms=medians["forward"],
+                backward_ms=medians["backward"],
+                activation_bytes=size.activation_bytes,
+                activation_parts=[float(p) for p in size.activation_parts] if size.activation_parts else None,
+                parameter_bytes=parameter_bytes(traced, layer),
+                saved_bytes=size.saved_bytes,
+                output_shape=size.output_shape,
+            )
+        )
+    by_name = {n.id: n for n in nodes}
+    edges = [Edge(source=s, target=t, bytes=by_name[s].activation_bytes) for s, t in traced.edges()]
+    step_ms = _median(steps)
+    layer_sum = sum(n.forward_ms + n.backward_ms for n in nodes)
+    method = (
+        "cuda events" if device.type == "cuda" else f"cpu perf_counter, {config.threads} thread(s)"
+    ) + "; forward per fx node; backward split at autograd node hooks; interleaved with whole steps"
+    timing = Timing(
+        method=method,
+        warmup=config.warmup,
+        repeats=config.repeats,
+        step_ms=step_ms,
+        layer_sum_ms=layer_sum,
+        ratio=layer_sum / step_ms if step_ms > 0 else None,
+    )
+    extras = {
+        "loss_forward_ms": _median([s.loss_forward for s in samples]),
+        "loss_backward_ms": _median([s.loss_backward for s in samples]),
+        "unattributed_backward_ms": _median([s.unattributed_backward for s in samples]),
+        "host": platform.node(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+    }
+    graph = LayerGraph(
+        spec=config.spec,
+        batch_size=config.batch_size,
+        input_shape=batch_shape(inputs),
+        device=str(device),
+        threads=config.threads,
+        timing=timing,
+        graph=extras,
+        nodes=nodes,
+        edges=edges,
+    )
+    table = pd.DataFrame(rows, columns=["layer", "phase", "repeat", "ms"])
+    meta = {
+        "spec": config.spec.model_dump(),
+        "batch_size": config.batch_size,
+        "device": str(device),
+        "threads": config.threads,
+        "graph_hash": graph.structure_hash(),
+        "step_ms": steps,
+    }
+    return ProfileResult(graph, table, meta)
