@@ -33,7 +33,7 @@ SETTINGS = settings(
 
 # --- strategies -----------------------------------------------------------------------------
 
-names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 sizes = st.floats(min_value=0, max_value=1e13, allow_nan=False, allow_infinity=False)
 json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | sizes | names
 json_values = st.recursive(
@@ -153,7 +153,7 @@ def plans(draw: st.DrawFn) -> Plan:
             straight=st.booleans(),
         )
     )
-    predicted = draw(
+    overall = draw(
         st.none()
         | st.builds(
             Prediction,
@@ -178,7 +178,7 @@ def plans(draw: st.DrawFn) -> Plan:
         world_size=world,
         cluster=cluster,
         stages=stages,
-        predicted=predicted,
+        predicted=overall,
     )
 
 
