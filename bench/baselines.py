@@ -1,0 +1,420 @@
+"""The alternatives pdrun is measured against: single-process, DDP and torch.distributed.pipelining.
+
+Every system trains the same model (same spec, arguments and seed) on the same data, one
+thread per process, gloo on 127.0.0.1, and one optimizer step covers the same global batch
+of ``microbatches x batch_size`` samples:
+
+- ``single``: one process, the whole model, one batch of the global size per step;
+- ``ddp``: ``world`` processes, each the whole model on its share of the global batch,
+  gradients all-reduced by ``DistributedDataParallel``;
+- ``pipe-1f1b`` / ``pipe-gpipe``: one process per stage of the plan's split (the same
+  ``nn.Module`` cut as pdrun's, see ``bench.stage_split``), ``Schedule1F1B`` or
+  ``ScheduleGPipe`` over ``microbatches`` microbatches of ``batch_size``.
+
+Each worker times its steps after ``warmup`` untimed ones and splits its time into
+compute (forward, backward, loss), optimizer and the rest (communication, waiting and
+framework overhead), so a result says where the time goes.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from shared.errors import RunError, UserError
+from shared.resolve import resolve_dataset, resolve_loss, resolve_model
+from shared.spec import TraceOptions
+
+SYSTEMS = ("single", "ddp", "pipe-1f1b", "pipe-gpipe")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One benchmark configuration, identical for every system it is run on."""
+
+    model: str = "zoo:mnist_cnn"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    data: str = "zoo:mnist5k"
+    data_args: dict[str, Any] = field(default_factory=lambda: {"split": "train"})
+    loss: str = "cross_entropy"
+    trace: TraceOptions = field(default_factory=TraceOptions)
+    batch_size: int = 64  # samples per microbatch (the plan's unit)
+    microbatches: int = 4  # microbatches per optimizer step
+    stage_of: dict[str, int] = field(default_factory=dict)  # the plan's split: layer -> stage
+    steps: int = 20  # timed steps
+    warmup: int = 3  # untimed steps before them
+    seed: int = 0
+    lr: float = 0.05
+    momentum: float = 0.9
+    bandwidth: float | None = None  # emulated link between workers, bytes/s (bench.slow_link)
+    eval_data_args: dict[str, Any] | None = None  # e.g. {"split": "val"}: evaluate after every epoch
+    timeout_s: float = 300.0
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.microbatches
+
+
+@dataclass
+class RankTimes:
+    """Where one rank's timed seconds went."""
+
+    rank: int
+    total_s: float
+    compute_s: float
+    optimizer_s: float
+
+    @property
+    def other_s(self) -> float:
+        return max(0.0, self.total_s - self.compute_s - self.optimizer_s)
+
+
+@dataclass
+class Result:
+    """What a run measured: throughput over the timed steps, losses and the per-rank split."""
+
+    system: str
+    world: int
+    steps: int
+    samples: int
+    seconds: float
+    losses: list[float]
+    ranks: list[RankTimes]
+    step_end_s: list[float] = field(default_factory=list)  # training time at the end of each step
+    evals: list[tuple[float, int, float]] = field(default_factory=list)  # (train time, step, val accuracy)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def time_per_step_s(self) -> float:
+        return self.seconds / self.steps if self.steps else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["samples_per_s"] = self.samples_per_s
+        out["time_per_step_s"] = self.time_per_step_s
+        return out
+
+
+def load_tensors(spec: str, args: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole dataset as two stacked tensors: batches are slices, so no loader costs time."""
+    data = resolve_dataset(spec, args)
+    xs, ys = zip(*(data[i] for i in range(len(data))), strict=True)
+    return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
+
+
+def batch_at(x: torch.Tensor, y: torch.Tensor, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``step``-th batch of ``size`` samples, in order, wrapping at the end of an epoch."""
+    n = x.shape[0]
+    start = (step * size) % n
+    idx = torch.arange(start, start + size) % n
+    return x[idx], y[idx]
+
+
+def build_model(s: Settings) -> nn.Module:
+    torch.manual_seed(s.seed)
+    model: nn.Module = resolve_model(s.model, s.model_args)
+    return model
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 500) -> float:
+    """Top-1 accuracy of ``model`` on ``(x, y)``."""
+    model.eval()
+    right = 0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], chunk):
+            out = model(x[i : i + chunk])
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            right += int((out.argmax(dim=-1) == y[i : i + chunk]).sum())
+    model.train()
+    return right / x.shape[0]
+
+
+class _Clock:
+    """Training time only: evaluation happens between laps and is not counted."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start: float | None = None
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._start is not None:
+            self.total += time.perf_counter() - self._start
+            self._start = None
+
+    def now(self) -> float:
+        extra = time.perf_counter() - self._start if self._start is not None else 0.0
+        return self.total + extra
+
+
+def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into[0] += time.perf_counter() - t0
+
+    return wrapper
+
+
+def _train_loop(
+    s: Settings,
+    rank: int,
+    world: int,
+    step_fn: Callable[[int], float | None],
+    optimizer: torch.optim.Optimizer,
+    compute: list[float],
+    eval_model: nn.Module | None,
+    epoch_steps: int,
+) -> dict[str, Any]:
+    """Run warm-up and timed steps; the rank with ``eval_model`` evaluates after each epoch."""
+    val = load_tensors(s.data, s.eval_data_args) if s.eval_data_args is not None and eval_model else None
+    for step in range(s.warmup):
+        step_fn(step)
+        optimizer.step()
+    compute[0] = 0.0
+    optimizer_s = 0.0
+    losses: list[float] = []
+    ends: list[float] = []
+    evals: list[tuple[float, int, float]] = []
+    clock = _Clock()
+    if world > 1:
+        dist.barrier()
+    clock.start()
+    for i in range(s.steps):
+        loss = step_fn(s.warmup + i)
+        t0 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer_s += time.perf_counter() - t0
+        if loss is not None:
+            losses.append(loss)
+        ends.append(clock.now())
+        if s.eval_data_args is not None and (i + 1) % epoch_steps == 0:
+            clock.stop()
+            if world > 1:
+                dist.barrier()
+            if val is not None and eval_model is not None:
+                evals.append((clock.total, i + 1, accuracy(eval_model, *val)))
+            if world > 1:
+                dist.barrier()
+            clock.start()
+    if world > 1:
+        dist.barrier()
+    clock.stop()
+    return {
+        "rank": rank,
+        "total_s": clock.total,
+        "compute_s": compute[0],
+        "optimizer_s": optimizer_s,
+        "losses": losses,
+        "ends": ends,
+        "evals": evals,
+    }
+
+
+def _run_single(s: Settings, rank: int, world: int) -> dict[str, Any]:
+    model = build_model(s)
+    x, y = load_tensors(s.data, s.data_args)
+    loss_fn = resolve_loss(s.loss)
+    opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum)
+    compute = [0.0]
+
+    def step(i: int) -> float:
+        t0 = time.perf_counter()
+        xb, yb = batch_at(x, y, i, s.global_batch)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        compute[0] += time.perf_counter() - t0
+        return float(loss.detach())
+
+    return _train_loop(s, rank, world, step, opt, compute, model, max(1, x.shape[0] // s.global_batch))
+
+
+def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bench.slow_link import ddp_hook
+
+    model = build_model(s)
+    ddp = DistributedDataParallel(model)
+    if s.bandwidth:
+        ddp.register_comm_hook(None, ddp_hook(s.bandwidth, world))
+    x, y = load_tensors(s.data, s.data_args)
+    loss_fn = resolve_loss(s.loss)
+    opt = torch.optim.SGD(ddp.parameters(), lr=s.lr, momentum=s.momentum)
+    if s.global_batch % world:
+        raise UserError(f"ddp: global batch {s.global_batch} is not divisible by {world} workers")
+    share = s.global_batch // world
+    compute = [0.0]
+
+    def step(i: int) -> float:
+        # Compute here includes the all-reduce DDP overlaps with backward.
+        t0 = time.perf_counter()
+        xb, yb = batch_at(x, y, i, s.global_batch)
+        xb, yb = xb[rank * share : (rank + 1) * share], yb[rank * share : (rank + 1) * share]
+        loss = loss_fn(ddp(xb), yb)
+        loss.backward()
+        compute[0] += time.perf_counter() - t0
+        return float(loss.detach())
+
+    epoch = max(1, x.shape[0] // s.global_batch)
+    return _train_loop(s, rank, world, step, opt, compute, model if rank == 0 else None, epoch)
+
+
+def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[str, Any]:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from bench.slow_link import patch_pipelining
+    from bench.stage_split import split_stages
+    from shared.tracer import trace
+
+    model = build_model(s)
+    stages = split_stages(trace(model, s.trace), s.stage_of)
+    if len(stages.modules) != world:
+        raise UserError(f"pipelining: the split has {len(stages.modules)} stages, run with as many workers")
+    patch_pipelining(s.bandwidth)
+    module = stages.modules[rank]
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    loss_fn = resolve_loss(s.loss)
+    cls = Schedule1F1B if schedule_name == "1f1b" else ScheduleGPipe
+    schedule = cls(stage, s.microbatches, loss_fn=loss_fn)
+    compute = [0.0]
+    stage.forward_one_chunk = _timed(stage.forward_one_chunk, compute)  # type: ignore[method-assign]
+    stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute)  # type: ignore[method-assign]
+    schedule._compute_loss = _timed(schedule._compute_loss, compute)  # type: ignore[method-assign]
+    x, y = load_tensors(s.data, s.data_args)
+    opt = torch.optim.SGD(module.parameters(), lr=s.lr, momentum=s.momentum)
+    first, last = rank == 0, rank == world - 1
+
+    def step(i: int) -> float | None:
+        xb, yb = batch_at(x, y, i, s.global_batch)
+        losses: list[torch.Tensor] = []
+        if first and last:
+            schedule.step(xb, target=yb, losses=losses)
+        elif first:
+            schedule.step(xb)
+        elif last:
+            schedule.step(target=yb, losses=losses)
+        else:
+            schedule.step()
+        return float(torch.stack(losses).detach().mean()) if losses else None
+
+    return _train_loop(s, rank, world, step, opt, compute, None, max(1, x.shape[0] // s.global_batch))
+
+
+def _worker(rank: int, world: int, port: int, system: str, s: Settings, results: Any) -> None:
+    torch.set_num_threads(1)
+    try:
+        if world > 1:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=s.timeout_s),
+            )
+        if system == "single":
+            out = _run_single(s, rank, world)
+        elif system == "ddp":
+            out = _run_ddp(s, rank, world)
+        else:
+            out = _run_pipe(s, rank, world, system.removeprefix("pipe-"))
+        results.put(("ok", rank, out))
+    except BaseException as exc:  # reported to the parent with the rank
+        results.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run(system: str, s: Settings, world: int | None = None) -> Result:
+    """Run ``system`` on ``s`` in fresh processes and return what it measured."""
+    if system not in SYSTEMS:
+        raise UserError(f"system {system!r}: expected one of {', '.join(SYSTEMS)}")
+    if world is None:
+        world = 1 if system == "single" else (max(s.stage_of.values()) + 1 if s.stage_of else 2)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, system, s, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    outs: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + s.timeout_s
+    try:
+        while len(outs) < world:
+            try:
+                status, rank, payload = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    why = f"exit status {dead[0].exitcode}" if dead else f"no result after {s.timeout_s:.0f} s"
+                    raise RunError(f"{system}: a worker failed ({why})") from None
+                continue
+            if status != "ok":
+                raise RunError(f"{system}: rank {rank} failed: {payload}")
+            outs[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return _combine(system, world, s, outs)
+
+
+def _combine(system: str, world: int, s: Settings, outs: dict[int, dict[str, Any]]) -> Result:
+    ranks = [RankTimes(r, o["total_s"], o["compute_s"], o["optimizer_s"]) for r, o in sorted(outs.items())]
+    # Losses come from the rank that computes them (the last stage, or rank 0 of DDP).
+    reporter = max((r for r, o in outs.items() if o["losses"]), default=0)
+    evals = [tuple(e) for o in outs.values() for e in o["evals"]]
+    return Result(
+        system=system,
+        world=world,
+        steps=s.steps,
+        samples=s.steps * s.global_batch,
+        seconds=max(o["total_s"] for o in outs.values()),
+        losses=list(outs[reporter]["losses"]),
+        ranks=ranks,
+        step_end_s=list(outs[reporter]["ends"]),
+        evals=[(float(e[0]), int(e[1]), float(e[2])) for e in evals],
+    )
+
+
+def even_split(s: Settings, stages: int) -> dict[str, int]:
+    """A split of the traced layers into ``stages`` runs of about equal parameter bytes (no planner needed)."""
+    from shared.tracer import parameter_bytes, trace
+
+    traced = trace(build_model(s), s.trace)
+    sizes = [parameter_bytes(traced, layer) + 1 for layer in traced.layers]
+    total = sum(sizes)
+    out: dict[str, int] = {}
+    acc = 0
+    for layer, size in zip(traced.layers, sizes, strict=True):
+        out[layer.name] = min(stages - 1, int(acc * stages / total))
+        acc += size
+    return out
