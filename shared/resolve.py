@@ -20,6 +20,14 @@ from shared.errors import SpecError
 FORMS = "zoo:NAME, package.module:callable or path/to/file.py:callable"
 
 
+def _why(exc: BaseException) -> str:
+    """An exception from user code as one line: its type and its message, newlines folded."""
+    text = " ".join(str(exc).split())
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def load_callable(spec: str, kind: str) -> Callable[..., Any]:
     """The callable a ``module:callable`` or ``file.py:callable`` spec names."""
     target, sep, attr = spec.rpartition(":")
@@ -28,25 +36,27 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
     if target.endswith(".py") or "/" in target or "\\" in target:
         path = Path(target)
         if not path.is_file():
-            raise SpecError(f"{kind} spec {spec!r}: file {target} not found")
+            raise SpecError(f"{kind} spec {spec!r}: file {target!r} not found")
         mod_name = f"_pipedream_user_{abs(hash(str(path.resolve())))}"
         module = sys.modules.get(mod_name)
         if module is None:
             loader_spec = importlib.util.spec_from_file_location(mod_name, path)
             if loader_spec is None or loader_spec.loader is None:
-                raise SpecError(f"{kind} spec {spec!r}: cannot load {target} as Python")
+                raise SpecError(f"{kind} spec {spec!r}: cannot load {target!r} as Python")
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[mod_name] = module
             try:
                 loader_spec.loader.exec_module(module)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # the user's file may even call sys.exit
                 del sys.modules[mod_name]
-                raise SpecError(f"{kind} spec {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from exc
+                raise SpecError(f"{kind} spec {spec!r}: importing {target!r} failed: {_why(exc)}") from exc
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise SpecError(f"{kind} spec {spec!r}: cannot import module {target!r} ({exc})") from None
+            raise SpecError(f"{kind} spec {spec!r}: cannot import module {target!r} ({_why(exc)})") from None
+        except (Exception, SystemExit) as exc:  # a relative name ('..x'), or a module failing on import
+            raise SpecError(f"{kind} spec {spec!r}: cannot import module {target!r}: {_why(exc)}") from None
     obj = getattr(module, attr, None)
     if obj is None:
         raise SpecError(f"{kind} spec {spec!r}: {target} has no attribute {attr!r}")
@@ -71,8 +81,13 @@ def call_with_args(fn: Callable[..., Any], args: dict[str, Any], spec: str, kind
         return fn(**args)
     except SpecError:
         raise
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{kind} spec {spec!r} with {args}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # the user's builder failed on these arguments: their input, one line
+        raise SpecError(f"{kind} spec {spec!r} with {_short_args(args)}: {_why(exc)}") from exc
+
+
+def _short_args(args: dict[str, Any]) -> str:
+    text = " ".join(repr(args).split())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def resolve_model(spec: str, args: dict[str, Any] | None = None) -> Any:
@@ -104,7 +119,11 @@ def resolve_dataset(spec: str, args: dict[str, Any] | None = None) -> Any:
     data = call_with_args(fn, args, spec, "dataset")
     if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         raise SpecError(f"dataset spec {spec!r}: returned {type(data).__name__}, expected a map-style Dataset")
-    if len(data) == 0:
+    try:
+        size = len(data)
+    except Exception as exc:  # a __len__ that raises or returns a negative number
+        raise SpecError(f"dataset spec {spec!r}: len() of the dataset failed: {_why(exc)}") from exc
+    if size == 0:
         raise SpecError(f"dataset spec {spec!r}: the dataset is empty")
     return data
 
@@ -154,5 +173,11 @@ def resolve_loss(spec: str) -> Callable[[Any, Any], Any]:
     fn = load_callable(spec, "loss")
     # A callable spec may be the loss itself, or a factory returning it (e.g. torch.nn.CrossEntropyLoss).
     if inspect.isclass(fn):
-        return fn()  # type: ignore[no-any-return]
+        try:
+            loss: Any = fn()
+        except Exception as exc:
+            raise SpecError(f"loss spec {spec!r}: {fn.__name__}() failed: {_why(exc)}") from exc
+        if not callable(loss):
+            raise SpecError(f"loss spec {spec!r}: {fn.__name__}() gave {type(loss).__name__}, expected a callable loss")
+        return loss  # type: ignore[no-any-return]
     return fn
