@@ -1,4 +1,8 @@
-"""Deterministic synthetic data of any shape, for benchmarks and tests."""
+"""Deterministic synthetic data of any shape (for benchmarks and tests), images included.
+
+Samples are generated lazily from ``(seed, split, index)``, so a dataset of large
+images costs no memory up front and any subset is reproducible on any worker.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +13,89 @@ from torch.utils.data import Dataset
 
 from shared.zoo.registry import register_dataset
 
+SPLITS = ("train", "val")
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def sample_generator(seed: int, split: str, index: int) -> torch.Generator:
+    """The generator for one sample: distinct for every (seed, split, index), the same on every run."""
+    # Interleave the three integers into one 63-bit seed; the splits never share a stream.
+    stream = (seed * 2 + SPLITS.index(split)) * 1_000_003 + index
+    return torch.Generator().manual_seed(stream % (2**63))
+
 
 class SyntheticDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """``size`` samples, each generated from ``seed`` and its index, so any subset is reproducible."""
+    """``size`` samples: a standard-normal input of ``shape`` and class targets of ``target_shape``."""
 
     def __init__(
-        self, size: int, shape: Sequence[int], num_classes: int, seed: int, target_shape: Sequence[int] = ()
+        self,
+        size: int,
+        shape: Sequence[int],
+        num_classes: int,
+        seed: int,
+        target_shape: Sequence[int] = (),
+        split: str = "train",
     ) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
-        g = torch.Generator().manual_seed(seed)
-        self.inputs = torch.randn((size, *shape), generator=g)
-        self.targets = torch.randint(0, num_classes, (size, *target_shape), generator=g)
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        check_split(split)
+        self.size = size
+        self.shape = tuple(int(s) for s in shape)
+        self.target_shape = tuple(int(s) for s in target_shape)
+        self.num_classes = num_classes
+        self.seed = seed
+        self.split = split
 
     def __len__(self) -> int:
-        return int(self.inputs.shape[0])
+        return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[index], self.targets[index]
+        if not -self.size <= index < self.size:
+            raise IndexError(f"index {index} out of range for {self.size} samples")
+        g = sample_generator(self.seed, self.split, index % self.size)
+        x = torch.randn(self.shape, generator=g)
+        return x, torch.randint(0, self.num_classes, self.target_shape, generator=g)
 
 
-@register_dataset("synthetic", "random inputs of any shape and class targets (seeded)", "input float32 shape, target int64 ()")
+@register_dataset(
+    "synthetic",
+    "random inputs of any shape and class targets (seeded; 1,024 train / 256 val by default)",
+    "input float32 shape (default (64,)), target int64 target_shape (default ())",
+)
 def synthetic(
-    size: int = 1024,
+    *,
+    size: int | None = None,
     shape: Sequence[int] = (64,),
     num_classes: int = 10,
     seed: int = 0,
     target_shape: Sequence[int] = (),
+    split: str = "train",
 ) -> SyntheticDataset:
-    return SyntheticDataset(size, tuple(shape), num_classes, seed, tuple(target_shape))
+    check_split(split)
+    n = size if size is not None else (1024 if split == "train" else 256)
+    return SyntheticDataset(n, tuple(shape), num_classes, seed, tuple(target_shape), split)
+
+
+@register_dataset(
+    "synthetic_images",
+    "random ImageNet-shaped images and 1,000 classes for the vision models (seeded; 256 train / 64 val)",
+    "input float32 (3, image_size, image_size) (default 224), target int64 ()",
+)
+def synthetic_images(
+    *,
+    size: int | None = None,
+    image_size: int = 224,
+    channels: int = 3,
+    num_classes: int = 1000,
+    seed: int = 0,
+    split: str = "train",
+) -> SyntheticDataset:
+    check_split(split)
+    n = size if size is not None else (256 if split == "train" else 64)
+    return SyntheticDataset(n, (channels, image_size, image_size), num_classes, seed, (), split)

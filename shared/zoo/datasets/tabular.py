@@ -16,7 +16,7 @@ def _split(n: int, split: str, val_fraction: float, seed: int) -> np.ndarray:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     order = np.random.default_rng(seed).permutation(n)
-    cut = n - int(round(n * val_fraction))
+    cut = n - round(n * val_fraction)
     return order[:cut] if split == "train" else order[cut:]
 
 

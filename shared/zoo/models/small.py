@@ -18,7 +18,8 @@ class ResidualBlock(nn.Module):
         self.fc2 = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(self.act(self.fc1(x)))
+        out: torch.Tensor = x + self.fc2(self.act(self.fc1(x)))
+        return out
 
 
 class ResidualMLP(nn.Module):
@@ -29,7 +30,8 @@ class ResidualMLP(nn.Module):
         self.head = nn.Linear(width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(torch.relu(self.stem(x.flatten(1)))))
+        logits: torch.Tensor = self.head(self.blocks(torch.relu(self.stem(x.flatten(1)))))
+        return logits
 
 
 @register_model(
@@ -39,7 +41,7 @@ class ResidualMLP(nn.Module):
     dataset="digits",
     defaults={"width": 64, "depth": 2},
 )
-def resmlp(in_features: int = 64, width: int = 128, depth: int = 4, num_classes: int = 10) -> nn.Module:
+def resmlp(*, in_features: int = 64, width: int = 128, depth: int = 4, num_classes: int = 10) -> nn.Module:
     return ResidualMLP(in_features, width, depth, num_classes)
 
 
@@ -61,7 +63,8 @@ class MnistCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool1(self.relu1(self.conv1(x)))
         x = self.pool2(self.relu2(self.conv2(x)))
-        return self.fc2(self.relu3(self.fc1(self.flatten(x))))
+        logits: torch.Tensor = self.fc2(self.relu3(self.fc1(self.flatten(x))))
+        return logits
 
 
 @register_model(
@@ -71,5 +74,5 @@ class MnistCNN(nn.Module):
     dataset="mnist5k",
     defaults={"channels": 8},
 )
-def mnist_cnn(channels: int = 16, num_classes: int = 10, image_size: int = 28) -> nn.Module:
+def mnist_cnn(*, channels: int = 16, num_classes: int = 10, image_size: int = 28) -> nn.Module:
     return MnistCNN(channels, num_classes, image_size)
