@@ -83,6 +83,7 @@ class _Tracer(fx.Tracer):
         self.options = options
         self.leaf_names = set(options.leaf_modules)
         self.stack: list[tuple[str, str]] = []
+        self.failed_in: tuple[str, str] | None = None  # the innermost module an error came from
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         cls = type(m)
@@ -99,8 +100,25 @@ class _Tracer(fx.Tracer):
         self.stack.append((qualname, type(m).__name__))
         try:
             return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_in is None:
+                self.failed_in = self.stack[-1]
+            raise
         finally:
             self.stack.pop()
+
+
+def _construct(message: str) -> str | None:
+    """Name the Python construct behind one of fx's tracing errors, when we recognise it."""
+    if "control flow" in message or "bool" in message:
+        return "data-dependent control flow (an if/while on a tensor's value)"
+    if "iterate" in message:
+        return "iterating over a tensor (a for loop or unpacking of a traced value)"
+    if "len(" in message:
+        return "len() of a traced tensor"
+    if "Proxy" in message and ("int()" in message or "float()" in message or "integer" in message):
+        return "a tensor or its shape used as a Python number (int(), float(), range())"
+    return None
 
 
 @contextmanager
@@ -110,13 +128,10 @@ def _explain(tracer: _Tracer, model: nn.Module) -> Iterator[None]:
     except TraceError:
         raise
     except Exception as exc:
-        where, cls = tracer.stack[-1] if tracer.stack else ("", type(model).__name__)
+        where, cls = tracer.failed_in or ("", type(model).__name__)
         place = f"module {where!r} ({cls})" if where else f"the model's own forward ({cls})"
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "control flow" in first or "iterate" in first or "len(" in first or "bool" in first:
-            construct = "data-dependent control flow (an if/for/len on a tensor)"
-        else:
-            construct = f"{type(exc).__name__}: {first}"
+        construct = _construct(first) or f"{type(exc).__name__}: {first}"
         hint = (
             f"keep it as one layer with --leaf-module {cls}"
             if where

@@ -1,0 +1,86 @@
+"""The tracer: layers and edges follow the data flow; grouping options; clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.errors import TraceError
+from shared.spec import TraceOptions
+from shared.tracer import parameter_bytes, trace
+from shared.zoo.models.small import resmlp
+from tests.test_profile_usermodel import BRANCHY_EDGES, build, build_gated, build_two
+
+
+def test_branches_and_skip_connections_become_dag_edges() -> None:
+    traced = trace(build())
+    assert set(traced.edges()) == BRANCHY_EDGES
+    assert traced.layers[0].name == "x"
+    assert traced.outputs == ("head",)
+    ops = {layer.name: layer.op for layer in traced.layers}
+    assert ops["x"] == "input" and ops["stem"] == "call_module" and ops["cat"] == "call_function"
+    assert {layer.name: layer.target for layer in traced.layers}["relu"] == "torch.relu"
+
+
+def test_trace_is_deterministic_and_runs_like_the_model() -> None:
+    model = build()
+    a, b = trace(model), trace(build())
+    assert a.structure_hash() == b.structure_hash()
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(a.module(x), model(x))
+
+
+def test_two_inputs_are_two_input_layers() -> None:
+    traced = trace(build_two())
+    assert [layer.name for layer in traced.layers if layer.op == "input"] == ["a", "b"]
+    # The module attributes `a` and `b` get the names a_1 and b_1: the inputs took a and b.
+    assert set(traced.edges()) == {("a", "a_1"), ("b", "b_1"), ("a_1", "mul"), ("b_1", "mul"), ("mul", "head")}
+
+
+def test_depth_keeps_children_as_single_layers() -> None:
+    model = resmlp(width=8, depth=3)
+    fine = trace(model)
+    coarse = trace(model, TraceOptions(depth=1))
+    assert "blocks_0_fc1" in {layer.name for layer in fine.layers}
+    names = [layer.name for layer in coarse.layers]
+    assert names == ["x", "flatten", "stem", "relu", "blocks", "head"]
+    blocks = next(layer for layer in coarse.layers if layer.name == "blocks")
+    expected = sum(p.numel() * 4 for p in model.blocks.parameters())
+    assert parameter_bytes(coarse, blocks) == expected
+
+
+def test_leaf_module_by_class_name() -> None:
+    traced = trace(resmlp(width=8, depth=2), TraceOptions(leaf_modules=["ResidualBlock"]))
+    names = [layer.name for layer in traced.layers]
+    assert names == ["x", "flatten", "stem", "relu", "blocks_0", "blocks_1", "head"]
+    assert ("blocks_0", "blocks_1") in traced.edges()
+
+
+def test_untraceable_module_names_the_construct_and_the_option() -> None:
+    with pytest.raises(TraceError) as info:
+        trace(build_gated())
+    message = str(info.value)
+    assert "module 'gate' (Gate)" in message
+    assert "control flow" in message
+    assert "--leaf-module Gate" in message
+    assert "\n" not in message
+    traced = trace(build_gated(), TraceOptions(leaf_modules=["Gate"]))
+    assert [layer.name for layer in traced.layers] == ["x", "fc", "gate", "head"]
+
+
+def test_untraceable_forward_of_the_model_itself_suggests_grouping() -> None:
+    class Top(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(int(x.shape[0])):  # a tensor's shape used as a Python int
+                x = self.fc(x)
+            return x
+
+    with pytest.raises(TraceError) as info:
+        trace(Top())
+    assert "the model's own forward (Top)" in str(info.value)
+    assert "used as a Python number" in str(info.value)
+    assert "--leaf-module" in str(info.value) and "--depth" in str(info.value)
