@@ -1,16 +1,83 @@
-"""``pdrun PLAN``: load and check the plan, then train (the runtime lands in pdrun.runtime)."""
+"""``pdrun PLAN``: train with a stage plan and print a JSON summary on stdout."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import click
 
-from shared.errors import UserError
-from shared.plan import load_plan
+from pdrun import metrics, timeline
+from pdrun.config import RunConfig
+from pdrun.launch import Nodes, launch
+from shared.cli import console
+from shared.io import display_name
+from shared.plan import SCHEDULES, load_plan
 
 
 @click.command("run")
 @click.argument("plan", default="-")
-def run(plan: str) -> None:
-    """Train with PLAN (a path or - for stdin)."""
+@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps to run (default: --epochs 1).")
+@click.option("--epochs", type=click.IntRange(min=1), help="Epochs over the training set; validation after each.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the data order.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
+@click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate.")
+@click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True)
+@click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="Override the plan's schedule.")
+@click.option("--microbatches", type=click.IntRange(min=1), help="Override the plan's units per step (flush schedules).")
+@click.option("--vertical-sync/--no-vertical-sync", default=None, help="1f1b: run each unit on one weight version at every stage.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="gloo on CPU, NCCL on CUDA.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds a worker waits for a peer before the run fails.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per CPU worker.")
+@click.option("--no-val", is_flag=True, help="Skip validation.")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Write run metrics (Parquet).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome-trace timeline (JSON).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="Write per-stage checkpoints here.")
+@click.option("--resume", is_flag=True, help="Start from the checkpoints in --checkpoint-dir.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines in the job.")
+@click.option("--node-rank", type=click.IntRange(min=0), help="This machine's index (static rendezvous).")
+@click.option("--rdzv-endpoint", help="HOST:PORT where the machines meet (with --nnodes > 1).")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), help="Workers on this machine (default: world size / nnodes).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def run(
+    plan: str, steps: int | None, epochs: int | None, seed: int, optimizer: str, lr: float, momentum: float,
+    weight_decay: float, schedule: str | None, microbatches: int | None, vertical_sync: bool | None, device: str,
+    dtype: str, timeout_s: float, threads: int, no_val: bool, metrics_path: str | None, trace_path: str | None,
+    checkpoint_dir: str | None, resume: bool, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
+    nproc_per_node: int | None, quiet: bool,
+) -> None:
+    """Train with PLAN (a path or - for stdin): one worker per rank, the plan's schedule, a JSON summary on stdout."""
+    if steps is not None and epochs is not None:
+        raise click.UsageError("give --steps or --epochs, not both")
+    if resume and not checkpoint_dir:
+        raise click.UsageError("--resume needs --checkpoint-dir")
     p = load_plan(plan)
-    raise UserError(f"pdrun: the runtime for {p.schedule} is not built yet")
+    cfg = RunConfig(
+        steps=steps, epochs=epochs, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,  # type: ignore[arg-type]
+        weight_decay=weight_decay, schedule=schedule, microbatches=microbatches, vertical_sync=vertical_sync,
+        device=device, dtype=dtype, timeout_s=timeout_s, threads=threads, validate=not no_val,  # type: ignore[arg-type]
+        metrics=metrics_path, trace=trace_path, checkpoint_dir=checkpoint_dir, resume=resume, progress=not quiet,
+    )
+    results = launch(p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan))
+    if results is None:
+        return  # a worker other than rank 0 under torchrun: rank 0 reports
+    from pdrun.runner import effective_plan
+
+    used = effective_plan(p, cfg)
+    summary = metrics.summary(results, used)
+    if metrics_path:
+        metrics.save(results, metrics_path, used, asdict(cfg))
+    if trace_path:
+        timeline.save(results, trace_path)
+    summary["artifacts"] = {"metrics": metrics_path, "trace": trace_path, "checkpoints": checkpoint_dir}
+    if not quiet:
+        acc = summary.get("val_accuracy")
+        console.print(
+            f"pdrun: {summary['steps']} steps of {used.schedule} on {used.world_size} workers, final loss "
+            f"{summary['final_loss']}, {summary['samples_per_s'] or 0:.0f} samples/s"
+            + (f", val accuracy {acc:.2%}" if acc is not None else "")
+        )
+    click.echo(json.dumps(summary, indent=2, default=str))

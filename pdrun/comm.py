@@ -1,0 +1,84 @@
+"""Point-to-point messages between workers: isend for sends, receives into buffers of known shape.
+
+A message is a header (the unit number and the weight version it ran on) followed by
+the values' tensors, in an order both ends derive from the plan. Sends never block the
+sender (their handles are kept until done); a receive waits at most ``timeout`` and then
+names the peer that never sent, so a broken pipeline fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from shared.errors import RunError
+
+TAG_ACT = 1
+TAG_GRAD = 2
+TAG_VAL = 3
+
+
+class Comm:
+    """This worker's sends in flight and the time spent communicating."""
+
+    def __init__(self, rank: int, device: torch.device, timeout_s: float) -> None:
+        self.rank = rank
+        self.device = device
+        self.timeout = timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
+        self.pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+
+    def header(self, unit: int, version: int) -> torch.Tensor:
+        return torch.tensor([unit, version], dtype=torch.int64, device=self.device)
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
+        """Post the sends; the tensors stay referenced until the peer has them."""
+        held = [t.contiguous() for t in tensors]
+        for t in held:
+            work = dist.isend(t, dst=dst, tag=tag)
+            if work is not None:
+                self.pending.append((work, held))
+        self.reap()
+
+    def recv(
+        self, buffers: Sequence[torch.Tensor], src: int, tag: int, unit: int, what: str
+    ) -> tuple[int, list[torch.Tensor]]:
+        """Receive a header and ``buffers``; returns (version, buffers). Checks the unit is the one expected."""
+        header = torch.empty(2, dtype=torch.int64, device=self.device)
+        out = [header, *buffers]
+        works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
+        deadline = time.monotonic() + self.timeout_s
+        for work in works:
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                ok = work.wait(timeout=timedelta(seconds=left))
+            except RuntimeError as exc:
+                raise RunError(
+                    f"rank {self.rank}: no {what} of unit {unit} from rank {src} within {self.timeout_s:g}s "
+                    f"({str(exc).splitlines()[0] if str(exc) else 'timeout'})"
+                ) from None
+            if ok is False:
+                raise RunError(f"rank {self.rank}: no {what} of unit {unit} from rank {src} within {self.timeout_s:g}s")
+        got = int(header[0].item())
+        if got != unit:
+            raise RunError(f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}")
+        return int(header[1].item()), list(buffers)
+
+    def reap(self) -> None:
+        """Forget sends that have completed."""
+        self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
+
+    def drain(self) -> None:
+        """Wait for every send in flight (end of a program)."""
+        for work, _ in self.pending:
+            try:
+                work.wait(timeout=self.timeout)
+            except RuntimeError as exc:
+                raise RunError(
+                    f"rank {self.rank}: a send was not received within {self.timeout_s:g}s ({str(exc).splitlines()[0]})"
+                ) from None
+        self.pending = []

@@ -1,0 +1,43 @@
+"""How to run a plan: the training options of ``pdrun``, parsed once into a frozen config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Optimizer = Literal["sgd", "adam"]
+Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a worker needs besides the plan; picklable, so it travels to spawned workers."""
+
+    steps: int | None = None  # optimizer steps; None: run `epochs` epochs
+    epochs: int | None = None
+    seed: int = 0
+    optimizer: Optimizer = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    schedule: str | None = None  # overrides the plan's
+    microbatches: int | None = None  # overrides the plan's
+    vertical_sync: bool | None = None  # overrides the plan's
+    device: Device = "cpu"
+    timeout_s: float = 120.0
+    threads: int = 1  # torch threads per CPU worker
+    validate: bool = True  # validation pass at the end of each epoch (or of the run, with --steps)
+    metrics: str | None = None  # Parquet path
+    trace: str | None = None  # Chrome trace path
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    dtype: Literal["float32", "float64"] = "float32"
+    # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
+    stash: bool = True
+    # Testing only: keep per-unit version records and the final parameters in each worker's result.
+    record: bool = False
+    progress: bool = False  # rich progress bar on stderr (rank 0 of the last stage)
+
+    @property
+    def torch_dtype_name(self) -> str:
+        return self.dtype

@@ -1,0 +1,125 @@
+"""Starting the workers: locally through torch's elastic launcher, or as one worker under torchrun.
+
+``pdrun plan.json`` checks the plan against the traced model in this process (so a bad
+plan is one line and exit 2 before any worker starts), then starts the plan's world size
+of workers with ``torch.distributed.launcher.api.elastic_launch`` and a c10d rendezvous on
+a free port. Under torchrun (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set) this process is
+one worker. The first worker failure is reported with its rank.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pdrun.config import RunConfig
+from pdrun.data import Units, datasets
+from pdrun.env import DistEnv, under_torchrun
+from pdrun.partition import check_ranks, partition
+from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
+from shared.errors import PDError, RunError, UserError
+from shared.plan import Plan
+from shared.resolve import resolve_loss, resolve_model
+from shared.schedule import build_program
+from shared.tracer import trace
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where the workers run: this machine alone, or one of ``nnodes`` meeting at ``rdzv_endpoint``."""
+
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    nproc_per_node: int | None = None
+
+
+def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> None:
+    """Everything that can be checked before a worker starts: model, trace, partition, ranks, schedule."""
+    plan = effective_plan(plan, cfg)
+    check_ranks(plan, world_size, source)
+    if plan.spec.model is None:
+        raise UserError(f"{source}: spec.model: the plan names no model; make it with pdprof --model SPEC")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible here; use --device cpu")
+    torch.manual_seed(cfg.seed)
+    traced = trace(resolve_model(plan.spec.model, plan.spec.model_args), plan.spec.trace)
+    part = partition(traced, plan, source)
+    resolve_loss(plan.spec.loss)
+    train_set, _ = datasets(plan.spec)
+    units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
+    segs = segments(plan, cfg, units.per_epoch)
+    build_program(
+        plan.schedule, [s.replicas for s in plan.stages], segs.lengths[0], microbatches=plan.microbatches,
+        stage_edges=sorted(part.edges()), in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+    )
+
+
+def launch(plan: Plan, cfg: RunConfig, nodes: Nodes = Nodes(), source: str = "plan") -> list[WorkerResult] | None:
+    """Run ``plan``; returns every rank's result (None on ranks other than 0 under torchrun)."""
+    if under_torchrun():
+        env = DistEnv.from_environ()
+        check(plan, cfg, env.world_size, source)
+        return worker_entry(plan.model_dump_json(), cfg, None)
+    nproc = nodes.nproc_per_node or -(-plan.world_size // nodes.nnodes)
+    check(plan, cfg, nproc * nodes.nnodes, source)
+    return _elastic(plan, cfg, nodes, nproc)
+
+
+def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[WorkerResult] | None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nodes.nnodes > 1 and not nodes.rdzv_endpoint:
+        raise UserError("--nnodes: several machines need --rdzv-endpoint HOST:PORT to meet at")
+    if nodes.node_rank is not None:
+        backend, configs = "static", {"rank": nodes.node_rank}
+    else:
+        backend, configs = "c10d", {}
+    config = LaunchConfig(
+        min_nodes=nodes.nnodes,
+        max_nodes=nodes.nnodes,
+        nproc_per_node=nproc,
+        run_id=f"pdrun-{uuid.uuid4().hex[:8]}" if nodes.nnodes == 1 else "pdrun",
+        rdzv_backend=backend,
+        rdzv_endpoint=nodes.rdzv_endpoint or "127.0.0.1:0",  # port 0: the store picks a free one
+        rdzv_configs={**configs, "timeout": int(max(cfg.timeout_s, 30))},
+        max_restarts=0,
+        monitor_interval=0.05,
+        # fork starts a CPU worker in milliseconds; CUDA cannot be forked once initialised.
+        start_method="spawn" if cfg.device == "cuda" else "fork",
+    )
+    with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir:
+        try:
+            out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), cfg, errdir)
+        except ChildFailedError as exc:
+            raise _first_failure(Path(errdir), exc) from None
+    result = out.get(0)
+    return list(result) if result is not None else None
+
+
+def _first_failure(errdir: Path, exc: Exception) -> PDError:
+    """The earliest worker error, as one line naming its rank; our user errors keep exit status 2."""
+    records = []
+    for path in errdir.glob("rank*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not records:
+        failures = getattr(exc, "failures", {}) or {}
+        if failures:
+            rank, failure = min(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
+            return RunError(f"worker rank {rank} died (exit code {getattr(failure, 'exitcode', '?')})")
+        return RunError(f"a worker failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    first = min(records, key=lambda r: r["time"])
+    message = f"worker rank {first['rank']} failed: {first['type']}: {first['message']}"
+    if first.get("traceback"):
+        message += "\n" + first["traceback"]
+    return UserError(message) if first.get("user") else RunError(message)

@@ -1,0 +1,74 @@
+"""Run metrics (``pdrun.metrics/1``, Parquet) and the run's summary, from every rank's result.
+
+One row per optimizer step and rank: ``step``, ``loss`` (NaN except on the last stage),
+``rank``, ``stage``, ``replica``, ``samples_per_s``, ``compute_s`` (forward, backward and
+optimizer step), ``comm_s`` (posting sends, all-reduce), ``idle_s`` (waiting in receives
+for a peer), ``wall_s`` and ``versions`` (weight versions held).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from pdrun.runner import WorkerResult
+from shared.plan import Plan
+from shared.tables import RUN_METRICS, save_table
+
+COLUMNS = ("step", "loss", "rank", "stage", "replica", "samples_per_s", "compute_s", "comm_s", "idle_s", "wall_s", "versions")
+
+
+def frame(results: list[WorkerResult]) -> pd.DataFrame:
+    """Every rank's step rows as one table, by step then rank."""
+    rows = [row for r in results for row in r.rows]
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for col in ("step", "rank", "stage", "replica", "versions"):
+        df[col] = df[col].astype("int64")
+    return df.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
+
+
+def save(results: list[WorkerResult], path: str, plan: Plan, options: dict[str, Any]) -> None:
+    meta = {"spec": plan.spec.model_dump(), "schedule": plan.schedule, "batch_size": plan.batch_size,
+            "graph_hash": plan.graph_hash, "options": options}
+    save_table(frame(results), path, RUN_METRICS, meta)
+
+
+def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
+    """The figures a person wants at the end: steps, losses, throughput, validation."""
+    last = [r for r in results if r.stage == len(plan.stages) - 1]
+    losses: dict[int, list[float]] = {}
+    for r in last:
+        for row in r.rows:
+            if not math.isnan(row["loss"]):
+                losses.setdefault(row["step"], []).append(row["loss"])
+    steps = max((r.steps for r in results), default=0)
+    final = sum(losses[max(losses)]) / len(losses[max(losses)]) if losses else None
+    units = max((r.units for r in results), default=0)  # global units trained, the same on every rank
+    wall = max((sum(row["wall_s"] for row in r.rows) for r in results), default=0.0)
+    out: dict[str, Any] = {
+        "schedule": plan.schedule,
+        "stages": len(plan.stages),
+        "world_size": plan.world_size,
+        "steps": steps,
+        "units": units,
+        "samples": units * plan.batch_size,
+        "final_loss": final,
+        "samples_per_s": units * plan.batch_size / wall if wall > 0 else None,
+        "train_s": wall,
+        "max_weight_versions": {r.rank: r.max_versions for r in results},
+    }
+    if last and last[0].validation:
+        per_epoch = []
+        for entry in last[0].validation:
+            count = entry["count"]
+            per_epoch.append({
+                "epoch": entry["epoch"], "step": entry["step"],
+                "val_loss": entry["loss_sum"] / count if count else None,
+                "val_accuracy": entry["correct"] / count if count else None,
+            })
+        out["validation"] = per_epoch
+        out["val_loss"] = per_epoch[-1]["val_loss"]
+        out["val_accuracy"] = per_epoch[-1]["val_accuracy"]
+    return out

@@ -1,0 +1,281 @@
+"""A worker process from start to end: join the group, build its stage, train, validate, report.
+
+``worker_entry`` is what the launcher starts on every rank (and what runs directly under
+torchrun). Every rank builds the model from the plan's spec with the same seed, traces
+it, keeps only its stage, and finds the shapes of the values it will receive from one
+forward of a sample batch; then it runs the schedule's program one segment (an epoch,
+or the whole run) at a time, and rank 0 gathers what every rank measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pdrun import checkpoint
+from pdrun.comm import Comm
+from pdrun.config import RunConfig
+from pdrun.data import Units, datasets, to_device
+from pdrun.env import DistEnv
+from pdrun.partition import Partition, partition
+from pdrun.stage import ValueSpec, build_stage, sample_values, spec_of
+from pdrun.weights import WeightVersions
+from pdrun.worker import Peers, Worker
+from shared.errors import PDError, UserError
+from shared.plan import Plan
+from shared.resolve import resolve_loss, resolve_model
+from shared.schedule import build_program
+from shared.tracer import trace
+
+
+@dataclass
+class WorkerResult:
+    """What one rank reports to rank 0 at the end (plain data, so it pickles)."""
+
+    rank: int
+    stage: int
+    replica: int
+    steps: int
+    units: int
+    wall_s: float
+    rows: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    validation: list[dict[str, Any]] = field(default_factory=list)  # per epoch: loss_sum, correct, count
+    versions: list[dict[str, Any]] = field(default_factory=list)  # testing: per unit, forward/backward version
+    max_versions: int = 0
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # testing: final weights (CPU)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """How the run is cut: units per program, and whether an epoch ends after each."""
+
+    lengths: tuple[int, ...]
+    epochs: bool
+    units_per_step: int
+
+
+def effective_plan(plan: Plan, cfg: RunConfig) -> Plan:
+    """The plan with the command line's overrides applied (schedule, microbatches, vertical sync)."""
+    update: dict[str, Any] = {}
+    if cfg.schedule is not None:
+        update["schedule"] = cfg.schedule
+    if cfg.microbatches is not None:
+        update["microbatches"] = cfg.microbatches
+    if cfg.vertical_sync is not None:
+        update["vertical_sync"] = cfg.vertical_sync
+    return plan.model_copy(update=update) if update else plan
+
+
+def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
+    """Cut the run into programs; raises ``UserError`` when nothing would run."""
+    ups = 1 if plan.schedule == "1f1b" else plan.microbatches
+    # 1f1b all-reduces one unit per replica at a time: a program's units must divide among replicas.
+    multiple = math.lcm(*(s.replicas for s in plan.stages)) if plan.schedule == "1f1b" else ups
+    if cfg.steps is not None:
+        units = cfg.steps * ups
+        if units % multiple:
+            raise UserError(f"--steps: {cfg.steps} must be a multiple of {multiple} (the replicas of the plan's stages)")
+        return Segments((units,), False, ups)
+    epochs = cfg.epochs or 1
+    units = per_epoch - per_epoch % multiple
+    if units < 1:
+        raise UserError(
+            f"dataset: one epoch holds {per_epoch} units of {plan.batch_size} samples, fewer than one step "
+            f"({multiple} units); use --steps or a smaller --microbatches"
+        )
+    return Segments((units,) * epochs, True, ups)
+
+
+def value_specs(plan: Plan, cfg: RunConfig, part: Partition, traced: Any, sample: tuple[Any, ...]) -> dict[str, ValueSpec]:
+    """Specs of every value that crosses a stage boundary, from one forward of ``sample``."""
+    buffers = {n: b.clone() for n, b in traced.module.named_buffers()}
+    values = sample_values(traced, sample)
+    with torch.no_grad():  # the sample pass must not move BatchNorm statistics
+        for n, b in traced.module.named_buffers():
+            b.copy_(buffers[n])
+    crossing = {n for names in part.sends.values() for n in names}
+    return {n: spec_of(values[n]) for n in crossing}
+
+
+def train(env: DistEnv, plan: Plan, cfg: RunConfig) -> list[WorkerResult] | None:
+    """The whole life of one worker; returns every rank's result on rank 0, None elsewhere."""
+    t_start = time.perf_counter()
+    plan = effective_plan(plan, cfg)
+    stage_index, replica = plan.rank_stage(env.rank)
+    if cfg.device == "cuda":
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(cfg.threads)
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        return _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(
+    env: DistEnv, plan: Plan, cfg: RunConfig, s: int, replica: int, device: torch.device, dtype: torch.dtype,
+    t_start: float,
+) -> list[WorkerResult] | None:
+    spec = plan.spec
+    if spec.model is None:
+        raise UserError("plan: spec.model: the plan names no model")
+    torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
+    model = resolve_model(spec.model, spec.model_args).to(dtype)
+    traced = trace(model, spec.trace)
+    part = partition(traced, plan)
+    train_set, val_set = datasets(spec)
+    units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {spec.data}")
+    sample = to_device(units.batch(0)[0], torch.device("cpu"), dtype)
+    specs = value_specs(plan, cfg, part, traced, tuple(sample))
+    stage = build_stage(traced, part, s)
+    del model, traced
+    stage.module.to(device)
+    # Groups are made by every rank in the same order, even those outside them.
+    group = None
+    for idx, st in enumerate(plan.stages):
+        if st.replicas > 1:
+            g = dist.new_group(st.ranks)
+            if idx == s:
+                group = g
+    stash = plan.schedule == "1f1b" and cfg.stash
+    versions = WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
+    params = list(versions.live.values())
+    optimizer: torch.optim.Optimizer
+    if cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    segs = segments(plan, cfg, units.per_epoch)
+    worker = Worker(
+        rank=env.rank, stage=stage, replica=replica, part=part, specs=specs,
+        peers=Peers(tuple(tuple(st.ranks) for st in plan.stages)), units=units, loss_fn=resolve_loss(spec.loss),
+        optimizer=optimizer, versions=versions, comm=Comm(env.rank, device, cfg.timeout_s), group=group,
+        device=device, dtype=dtype, loss_scale=1.0 / segs.units_per_step, average_replicas=plan.schedule == "1f1b",
+        vertical_sync=plan.vertical_sync, record=cfg.record, recompute=plan.schedule == "1f1b" and not cfg.stash,
+    )
+    base = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        base = checkpoint.load(cfg.checkpoint_dir, s, stage.module, optimizer, device)
+        worker.steps = base // segs.units_per_step
+        versions.latest = worker.steps
+    val_units = Units(val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}") if (
+        val_set is not None and cfg.validate and len(val_set) >= plan.batch_size
+    ) else None
+    replicas = [st.replicas for st in plan.stages]
+    progress = _Progress(cfg, stage.has_output and replica == 0, sum(segs.lengths) // segs.units_per_step)
+    worker.on_step = progress.step
+    validation: list[dict[str, Any]] = []
+    programs: dict[int, Any] = {}
+    try:
+        for epoch, length in enumerate(segs.lengths):
+            if length not in programs:
+                program = build_program(
+                    plan.schedule, replicas, length, microbatches=plan.microbatches,
+                    stage_edges=sorted(part.edges()), in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+                )
+                _validate_program(program)
+                programs[length] = program
+            worker.run(programs[length][(s, replica)], base)
+            base += length
+            last = epoch == len(segs.lengths) - 1
+            if val_units is not None and (segs.epochs or last):
+                loss_sum, correct, count = worker.validate(val_units)
+                if stage.has_output and group is not None:
+                    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+                    dist.all_reduce(t, group=group)
+                    loss_sum, correct, count = float(t[0]), int(t[1]), int(t[2])
+                entry = {"epoch": epoch, "step": worker.steps, "loss_sum": loss_sum, "correct": correct, "count": count}
+                validation.append(entry)
+                progress.validated(entry)
+            if cfg.checkpoint_dir and replica == 0:
+                checkpoint.save(cfg.checkpoint_dir, s, stage.module, optimizer, base, plan.graph_hash)
+    finally:
+        progress.close()
+    result = WorkerResult(
+        rank=env.rank, stage=s, replica=replica, steps=worker.steps, units=base, wall_s=time.perf_counter() - t_start,
+        rows=worker.step_rows, events=worker.events if cfg.trace else [], validation=validation,
+        versions=worker.version_log, max_versions=versions.max_held,
+        params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()} if cfg.record else {},
+    )
+    gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
+    dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
+    return [r for r in gathered if isinstance(r, WorkerResult)] if env.rank == 0 else None
+
+
+def _validate_program(program: Any) -> None:
+    import shared.schedule as schedule
+
+    check = getattr(schedule, "validate_program", None)
+    if check is not None:
+        check(program)
+
+
+class _Progress:
+    """A rich progress bar with loss and throughput, drawn by one worker of the last stage."""
+
+    def __init__(self, cfg: RunConfig, show: bool, total: int) -> None:
+        self.bar: Any = None
+        self.task: Any = None
+        if not (show and cfg.progress):
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from shared.cli import console
+
+        self.bar = Progress(
+            TextColumn("[bold]pdrun"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), console=console, transient=False,
+        )
+        self.task = self.bar.add_task("train", total=total, info="")
+        self.bar.start()
+
+    def step(self, row: dict[str, Any]) -> None:
+        if self.bar is not None:
+            info = f"loss {row['loss']:.4f}  {row['samples_per_s']:.0f} samples/s"
+            self.bar.update(self.task, advance=1, info=info)
+
+    def validated(self, entry: dict[str, Any]) -> None:
+        if self.bar is not None and entry["count"]:
+            acc = entry["correct"] / entry["count"]
+            self.bar.console.print(
+                f"epoch {entry['epoch']}: val loss {entry['loss_sum'] / entry['count']:.4f}, accuracy {acc:.2%}"
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[WorkerResult] | None:
+    """The launcher's entrypoint on every rank; a failure is written to ``errdir`` before it propagates."""
+    env = DistEnv.from_environ()
+    try:
+        plan = Plan.model_validate_json(plan_json)
+        return train(env, plan, replace(cfg))
+    except BaseException as exc:
+        if errdir is not None:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            record = {
+                "rank": env.rank, "time": time.time(), "type": type(exc).__name__, "message": first,
+                "user": isinstance(exc, UserError), "ours": isinstance(exc, PDError),
+                "traceback": traceback.format_exc() if os.environ.get("PIPEDREAM_DEBUG") == "1" else "",
+            }
+            Path(errdir, f"rank{env.rank}.json").write_text(json.dumps(record))
+        raise

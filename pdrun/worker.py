@@ -1,0 +1,369 @@
+"""One worker executing its instruction list through a dispatch table from ``Kind`` to method.
+
+The worker holds one stage (or one replica of it), its optimizer and weight versions,
+and per unit in flight what the backward needs: the received inputs (autograd leaves),
+the values it sent, the loss on the last stage, and the weight version of the forward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.func import functional_call
+
+from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm
+from pdrun.data import Units, to_device
+from pdrun.partition import Partition
+from pdrun.stage import StageModule, ValueSpec, decode, encode
+from pdrun.weights import Params, WeightVersions, fingerprint
+from shared.schedule import Instr, Kind
+
+
+@dataclass
+class UnitState:
+    """What a unit in flight keeps between its forward and its backward."""
+
+    version: int
+    params: Params
+    batch_inputs: tuple[Any, ...]
+    received: dict[str, Any]
+    sent: dict[str, Any] = field(default_factory=dict)
+    loss: torch.Tensor | None = None
+    target: Any = None
+    forward_print: float = 0.0
+
+
+@dataclass
+class StepStats:
+    """Time and work since the last optimizer step on this worker."""
+
+    start: float
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    idle_s: float = 0.0
+    units: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Peers:
+    """How a worker finds ranks: (stage, replica) -> rank."""
+
+    ranks: tuple[tuple[int, ...], ...]
+
+    def rank(self, worker: tuple[int, int]) -> int:
+        return self.ranks[worker[0]][worker[1]]
+
+    def of_unit(self, stage: int, unit: int) -> int:
+        replicas = self.ranks[stage]
+        return replicas[unit % len(replicas)]
+
+
+class Worker:
+    """Executes a worker's instructions; see ``DISPATCH`` for what each kind does."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        stage: StageModule,
+        replica: int,
+        part: Partition,
+        specs: dict[str, ValueSpec],
+        peers: Peers,
+        units: Units,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        versions: WeightVersions,
+        comm: Comm,
+        group: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        loss_scale: float,
+        average_replicas: bool,
+        vertical_sync: bool,
+        record: bool,
+        recompute: bool = False,
+    ) -> None:
+        self.rank = rank
+        self.stage = stage
+        self.s = stage.index
+        self.replica = replica
+        self.part = part
+        self.specs = specs
+        self.peers = peers
+        self.units = units
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.versions = versions
+        self.comm = comm
+        self.group = group
+        self.device = device
+        self.dtype = dtype
+        self.loss_scale = loss_scale
+        self.average_replicas = average_replicas
+        self.vertical_sync = vertical_sync
+        self.record = record
+        self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
+        self.base = 0  # global index of the current program's unit 0
+        self.inflight: dict[int, UnitState] = {}
+        self.inbox: dict[int, dict[str, Any]] = {}
+        self.inbox_version: dict[int, int] = {}
+        self.grads: dict[int, dict[str, torch.Tensor]] = {}
+        self.outbox: dict[tuple[Kind, int, int], list[torch.Tensor]] = {}
+        self.steps = 0
+        self.stats = StepStats(time.perf_counter())
+        self.step_rows: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.version_log: list[dict[str, Any]] = []
+        self.on_step: Callable[[dict[str, Any]], None] | None = None
+        self.DISPATCH: dict[Kind, Callable[[Instr], None]] = {
+            Kind.FORWARD: self.forward,
+            Kind.BACKWARD: self.backward,
+            Kind.SEND_ACT: self.send_act,
+            Kind.RECV_ACT: self.recv_act,
+            Kind.SEND_GRAD: self.send_grad,
+            Kind.RECV_GRAD: self.recv_grad,
+            Kind.ALLREDUCE: self.allreduce,
+            Kind.STEP: self.step,
+        }
+
+    # ------------------------------------------------------------------ running a program
+
+    def run(self, instrs: list[Instr], base: int) -> None:
+        """Execute ``instrs`` (one worker's list); program unit ``u`` is global unit ``base + u``."""
+        self.base = base
+        for ins in instrs:
+            t0 = time.perf_counter()
+            wall0 = time.time()
+            self.DISPATCH[ins.kind](ins)
+            dt = time.perf_counter() - t0
+            if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.STEP):
+                self.stats.compute_s += dt
+            elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+                self.stats.idle_s += dt
+            else:
+                self.stats.comm_s += dt
+            self.events.append(
+                {"name": str(ins), "cat": ins.kind.name.lower(), "ph": "X", "ts": wall0 * 1e6, "dur": dt * 1e6,
+                 "pid": self.rank, "tid": 0, "args": {"unit": base + ins.unit, "stage": self.s}}
+            )
+        self.comm.drain()
+
+    # ------------------------------------------------------------------ compute
+
+    def forward(self, ins: Instr) -> None:
+        u = ins.unit
+        received = self.inbox.pop(u, {})
+        wanted = self.inbox_version.pop(u, None) if self.vertical_sync and not self.part.reads_input(self.s) else None
+        version, params = self.versions.acquire(wanted)
+        batch_inputs, target = self._batch(u)
+        state = UnitState(version, params, batch_inputs, received, target=target)
+        if self.recompute:
+            with torch.no_grad():  # without stashing the backward recomputes on the then-latest weights
+                sent, output = self._run(state, grad=False)
+        else:
+            sent, output = self._run(state, grad=True)
+        state.sent = sent
+        if self.stage.has_output:
+            loss = self.loss_fn(output, target)
+            state.loss = loss
+            self.stats.losses.append(float(loss.detach()))
+        if self.record:
+            state.forward_print = fingerprint(params)
+        self.stats.units += 1
+        self.inflight[u] = state
+        for b, names in self.part.consumers(self.s):
+            tensors = [encode(sent[n], self.specs[n], self.device) for n in names]
+            self.outbox[(Kind.SEND_ACT, u, b)] = [self.comm.header(self.base + u, version), *tensors]
+
+    def _run(self, state: UnitState, grad: bool) -> tuple[dict[str, Any], Any]:
+        if not self.versions.stash:
+            with torch.set_grad_enabled(grad):
+                return self.stage.run(state.batch_inputs, state.received)
+        args = [*state.batch_inputs, *(state.received[n] for n in self.stage.received)]
+        with torch.set_grad_enabled(grad):
+            sent, output = functional_call(self.stage.module, state.params, tuple(args))
+        return dict(zip(self.stage.sent, sent, strict=True)), output
+
+    def backward(self, ins: Instr) -> None:
+        u = ins.unit
+        state = self.inflight.pop(u)
+        used = state.version
+        if self.recompute:
+            # No stash: the backward differentiates a recomputation on the live, newer weights.
+            used = self.versions.latest
+            with torch.enable_grad():
+                state.sent, output = self.stage.run(state.batch_inputs, state.received)
+                if self.stage.has_output:
+                    state.loss = self.loss_fn(output, state.target)
+            params: Params = dict(self.versions.live)
+        else:
+            params = state.params
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor | None] = []
+        if state.loss is not None:
+            roots.append(state.loss * self.loss_scale)
+            grads.append(None)
+        incoming = self.grads.pop(u, {})
+        for name, g in incoming.items():
+            value = state.sent[name]
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                roots.append(value)
+                grads.append(g)
+        if roots:
+            torch.autograd.backward(roots, grads)
+        if self.record:
+            self.version_log.append(
+                {"rank": self.rank, "stage": self.s, "unit": self.base + u, "forward_version": state.version,
+                 "backward_version": used, "forward_print": state.forward_print, "backward_print": fingerprint(params)}
+            )
+        self.versions.release(state.version, state.params)
+        for a, names in self.part.receives(self.s):
+            out: list[torch.Tensor] = []
+            for n in names:
+                if not self.specs[n].requires_grad:
+                    continue
+                leaf = state.received[n]
+                g: torch.Tensor | None = leaf.grad if isinstance(leaf, torch.Tensor) else None
+                out.append(g if g is not None else torch.zeros_like(leaf))
+            self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
+
+    def allreduce(self, ins: Instr) -> None:
+        params = [p for p in self.versions.live.values() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        dist.all_reduce(flat, group=self.group)
+        if self.average_replicas:
+            flat /= dist.get_world_size(self.group)
+        offset = 0
+        for p in params:
+            assert p.grad is not None
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+
+    def step(self, ins: Instr) -> None:
+        self.versions.before_step()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.versions.stepped()
+        self._close_step()
+
+    # ------------------------------------------------------------------ communication
+
+    def send_act(self, ins: Instr) -> None:
+        assert ins.peer is not None
+        tensors = self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0]))
+        self.comm.send(tensors, self.peers.rank(ins.peer), TAG_ACT)
+
+    def recv_act(self, ins: Instr) -> None:
+        assert ins.peer is not None
+        a = ins.peer[0]
+        names = dict(self.part.receives(self.s))[a]
+        buffers = [self.specs[n].empty(self.device) for n in names]
+        version, got = self.comm.recv(buffers, self.peers.rank(ins.peer), TAG_ACT, self.base + ins.unit, "activations")
+        box = self.inbox.setdefault(ins.unit, {})
+        for n, t in zip(names, got, strict=True):
+            box[n] = decode(t, self.specs[n])
+        if self.part.reads_input(a) or ins.unit not in self.inbox_version:
+            self.inbox_version[ins.unit] = version
+
+    def send_grad(self, ins: Instr) -> None:
+        assert ins.peer is not None
+        tensors = self.outbox.pop((Kind.SEND_GRAD, ins.unit, ins.peer[0]))
+        self.comm.send(tensors, self.peers.rank(ins.peer), TAG_GRAD)
+
+    def recv_grad(self, ins: Instr) -> None:
+        assert ins.peer is not None
+        b = ins.peer[0]
+        names = [n for n in dict(self.part.consumers(self.s))[b] if self.specs[n].requires_grad]
+        buffers = [self.specs[n].empty(self.device) for n in names]
+        _, got = self.comm.recv(buffers, self.peers.rank(ins.peer), TAG_GRAD, self.base + ins.unit, "gradients")
+        box = self.grads.setdefault(ins.unit, {})
+        for n, g in zip(names, got, strict=True):
+            # A value read by several later stages gets the sum of their gradients.
+            box[n] = box[n] + g if n in box else g
+
+    # ------------------------------------------------------------------ data and bookkeeping
+
+    def _batch(self, u: int) -> tuple[tuple[Any, ...], Any]:
+        needs_input = bool(self.stage.batch_inputs)
+        if not needs_input and not self.stage.has_output:
+            return (), None
+        inputs, target = self.units.batch(self.base + u)
+        inputs = to_device(inputs, self.device, self.dtype) if needs_input else ()
+        target = to_device(target, self.device, self.dtype) if self.stage.has_output else None
+        return tuple(inputs), target
+
+    def _close_step(self) -> None:
+        now = time.perf_counter()
+        st = self.stats
+        wall = max(now - st.start, 1e-9)
+        self.step_rows.append(
+            {
+                "step": self.steps,
+                "loss": sum(st.losses) / len(st.losses) if st.losses else math.nan,
+                "rank": self.rank,
+                "stage": self.s,
+                "replica": self.replica,
+                "samples_per_s": st.units * self.units.batch_size / wall,
+                "compute_s": st.compute_s,
+                "comm_s": st.comm_s,
+                "idle_s": st.idle_s,
+                "wall_s": wall,
+                "versions": self.versions.held(),
+            }
+        )
+        self.steps += 1
+        self.stats = StepStats(now)
+        if self.on_step is not None:
+            self.on_step(self.step_rows[-1])
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self, units: Units) -> tuple[float, int, int]:
+        """Forward-only pass over ``units`` through the pipeline: (loss sum, correct, samples) on the last stage."""
+        loss_sum, correct, count = 0.0, 0, 0
+        n = len(self.peers.ranks[self.s])
+        for v in range(units.per_epoch):
+            if v % n != self.replica:
+                continue
+            received: dict[str, Any] = {}
+            for a, names in self.part.receives(self.s):
+                buffers = [self.specs[x].empty(self.device) for x in names]
+                _, got = self.comm.recv(buffers, self.peers.of_unit(a, v), TAG_VAL, v, "validation activations")
+                received.update({x: decode(t, self.specs[x]) for x, t in zip(names, got, strict=True)})
+            inputs, target = units.batch(v)
+            inputs = to_device(inputs, self.device, self.dtype) if self.stage.batch_inputs else ()
+            with torch.no_grad():
+                sent, output = self.stage.run(tuple(inputs), received)
+                for b, names in self.part.consumers(self.s):
+                    tensors = [encode(sent[x], self.specs[x], self.device) for x in names]
+                    self.comm.send([self.comm.header(v, 0), *tensors], self.peers.of_unit(b, v), TAG_VAL)
+                if self.stage.has_output:
+                    target = to_device(target, self.device, self.dtype)
+                    loss_sum += float(self.loss_fn(output, target)) * len(target)
+                    correct += _correct(output, target)
+                    count += len(target)
+        self.comm.drain()
+        return loss_sum, correct, count
+
+
+def _correct(output: Any, target: torch.Tensor) -> int:
+    """Top-1 hits for class targets; 0 when the task is not classification."""
+    main = output[0] if isinstance(output, (tuple, list)) else output
+    if not isinstance(main, torch.Tensor) or target.is_floating_point() or main.dim() < 2:
+        return 0
+    pred = main.argmax(-1)
+    if pred.shape != target.shape:
+        return 0
+    return int((pred == target).sum())
