@@ -162,11 +162,15 @@ def in_flight_bounds(
     PipeDream's runtime warms a stage up with "the total number of machines following the
     current stage, shared amongst all replicas in this stage" plus the unit it works on:
     ``ceil(later workers / replicas) + 1``, which is NOAM at the input stage and ``S - s``
-    on a straight pipeline. A worker that admits ``k`` of its units before a backward
-    covers ``replicas * k`` consecutive units; a consumer must not wait for a unit its
-    producer only admits after a backward that the consumer itself still owes, so
-    ``replicas[b] * (k[b] - 1) < replicas[a] * k[a]`` on every edge a -> b (this matters
-    only when ``in_flight`` is lowered below NOAM).
+    on a straight pipeline. ``in_flight`` overrides the input stage's bound.
+
+    A consumer must not wait for a unit that its producer only admits after a backward
+    the consumer itself still owes. Stage a's replicas (joined by their all-reduces)
+    forward unit v only once every unit up to ``v - replicas[a] * (k[a] - 1) - 1`` came
+    back, while stage b backwards unit x only after forwarding up to
+    ``x + replicas[b] * (k[b] - 1)``; so every edge a -> b needs
+    ``replicas[b] * (k[b] - 1) <= replicas[a] * (k[a] - 1)``. PipeDream's bounds meet it;
+    a lowered ``in_flight`` lowers the bounds downstream to meet it.
     """
     bounds: list[int] = []
     for s, n in enumerate(replicas):
@@ -176,7 +180,7 @@ def in_flight_bounds(
             k = in_flight
         for a, b in stage_edges:
             if b == s:
-                k = min(k, (replicas[a] * bounds[a] - 1) // n + 1)
+                k = min(k, replicas[a] * (bounds[a] - 1) // n + 1)
         bounds.append(max(1, k))
     return bounds
 
@@ -326,3 +330,202 @@ def max_in_flight(program: Program) -> dict[Worker, int]:
 def compute_units(instrs: Iterable[Instr], kind: Kind) -> list[int]:
     """The units of ``kind`` in a worker's list, in order."""
     return [i.unit for i in instrs if i.kind is kind]
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def validate_program(program: Program) -> None:
+    """Raise :class:`ScheduleError` (one line, with ``.grid``) unless ``program`` can run to the end.
+
+    Checks, in order: every peer is a worker of the program and in the right direction;
+    each worker forwards and backwards each of its units exactly once, forward first;
+    every send has its receive and every receive its send, in the same order between
+    the same two workers (messages between two ranks arrive in the order sent); every
+    replica of a stage joins the same number of all-reduces; and the whole program runs
+    to the end with blocking receives and non-blocking sends (no deadlock).
+    """
+    for w, instrs in program.items():
+        _check_worker(program, w, instrs)
+    _check_messages(program)
+    _check_allreduces(program)
+    from shared.simulate import Costs, run_timeline
+
+    stages = 1 + max((s for s, _ in program), default=0)
+    timeline = run_timeline(program, Costs.uniform(stages))
+    if timeline.deadlocked:
+        stuck = ", ".join(f"{worker_name(w)} at {program[w][i]}" for w, i in timeline.blocked.items())
+        marks = list(timeline.blocked.items())
+        raise ScheduleError(
+            f"the program deadlocks: {stuck} wait forever (receives block, sends do not)",
+            draw_grid(program, marks=marks),
+            *marks[0],
+        )
+
+
+def _fail(program: Program, message: str, worker: Worker, index: int) -> ScheduleError:
+    return ScheduleError(message, draw_grid(program, marks=[(worker, index)]), worker, index)
+
+
+def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr]) -> None:
+    name = worker_name(w)
+    forwarded: set[int] = set()
+    backwarded: set[int] = set()
+    for i, ins in enumerate(instrs):
+        if ins.kind in SENDS | RECVS:
+            if ins.peer is None or ins.peer not in program:
+                raise _fail(program, f"{name} {ins}: its peer is not a worker of the program", w, i)
+            later = ins.kind in (Kind.SEND_ACT, Kind.RECV_GRAD)
+            if (ins.peer[0] > w[0]) != later:
+                side = "a later" if later else "an earlier"
+                raise _fail(program, f"{name} {ins}: the peer must be at {side} stage than {w[0]}", w, i)
+        elif ins.peer is not None:
+            raise _fail(program, f"{name} {ins}: {ins.kind.name} takes no peer", w, i)
+        if ins.kind is Kind.FORWARD:
+            if ins.unit in forwarded:
+                raise _fail(program, f"{name} F{ins.unit}: unit {ins.unit} is forwarded twice", w, i)
+            forwarded.add(ins.unit)
+        elif ins.kind is Kind.BACKWARD:
+            if ins.unit in backwarded:
+                raise _fail(program, f"{name} B{ins.unit}: unit {ins.unit} is backwarded twice", w, i)
+            if ins.unit not in forwarded:
+                raise _fail(
+                    program, f"{name} B{ins.unit}: backward of unit {ins.unit} before its forward", w, i
+                )
+            backwarded.add(ins.unit)
+    for u in sorted(forwarded - backwarded):
+        i = next(j for j, ins in enumerate(instrs) if ins.kind is Kind.FORWARD and ins.unit == u)
+        raise _fail(program, f"{name} F{u}: unit {u} is forwarded but never backwarded", w, i)
+
+
+def _check_messages(program: Program) -> None:
+    # channel (kind of message, sender, receiver) -> [(unit, worker, index)] in program order
+    sent: dict[tuple[str, Worker, Worker], list[tuple[int, int]]] = {}
+    received: dict[tuple[str, Worker, Worker], list[tuple[int, int]]] = {}
+    for w, instrs in program.items():
+        for i, ins in enumerate(instrs):
+            if ins.peer is None:
+                continue
+            if ins.kind in SENDS:
+                sent.setdefault((ins.kind.value[1], w, ins.peer), []).append((ins.unit, i))
+            elif ins.kind in RECVS:
+                received.setdefault((ins.kind.value[1], ins.peer, w), []).append((ins.unit, i))
+    what = {"A": ("SA", "RA", "activations"), "G": ("SG", "RG", "gradients")}
+    for chan in sorted(set(sent) | set(received)):
+        kind, src, dst = chan
+        send_code, recv_code, noun = what[kind]
+        outs, gets = sent.get(chan, []), received.get(chan, [])
+        recv_units = [u for u, _ in gets]
+        send_units = [u for u, _ in outs]
+        for u, i in outs:
+            send_text = f"{worker_name(src)} {send_code}{u}>{src_dst(dst)}"
+            recv_text = f"{recv_code}{u}<{src_dst(src)}"
+            if send_units.count(u) > 1:
+                raise _fail(program, f"{send_text}: sent {send_units.count(u)} times", src, i)
+            if recv_units.count(u) == 0:
+                raise _fail(program, f"{send_text}: no matching {recv_text} on {worker_name(dst)}", src, i)
+            if recv_units.count(u) > 1:
+                j = [k for uu, k in gets if uu == u][1]
+                raise _fail(program, f"{worker_name(dst)} {recv_text}: received twice", dst, j)
+        for u, i in gets:
+            if u not in send_units:
+                raise _fail(
+                    program,
+                    f"{worker_name(dst)} {recv_code}{u}<{src_dst(src)}: no matching "
+                    f"{send_code}{u}>{src_dst(dst)} on {worker_name(src)}",
+                    dst,
+                    i,
+                )
+        if send_units != recv_units:
+            j = next(k for k, (a, b) in enumerate(zip(send_units, recv_units, strict=True)) if a != b)
+            raise _fail(
+                program,
+                f"{worker_name(src)} sends {noun} to {worker_name(dst)} in the order {send_units} but "
+                f"{worker_name(dst)} receives them in the order {recv_units} (messages arrive in send order)",
+                dst,
+                gets[j][1],
+            )
+
+
+def src_dst(w: Worker) -> str:
+    """A worker as a peer is written in instructions: ``1.0``."""
+    return f"{w[0]}.{w[1]}"
+
+
+def _check_allreduces(program: Program) -> None:
+    counts: dict[int, dict[Worker, int]] = {}
+    for w, instrs in program.items():
+        counts.setdefault(w[0], {})[w] = sum(ins.kind is Kind.ALLREDUCE for ins in instrs)
+    for stage, per in sorted(counts.items()):
+        if len(set(per.values())) > 1:
+            most = max(per, key=lambda w: per[w])
+            index = [i for i, ins in enumerate(program[most]) if ins.kind is Kind.ALLREDUCE][-1]
+            got = ", ".join(f"{worker_name(w)}: {n}" for w, n in sorted(per.items()))
+            raise _fail(
+                program,
+                f"stage {stage}'s replicas join different numbers of all-reduces ({got}); each is a collective",
+                most,
+                index,
+            )
+
+
+# ---------------------------------------------------------------------------- grid
+
+
+def draw_grid(program: Program, *, detail: bool = False, marks: Sequence[tuple[Worker, int]] = ()) -> str:
+    """A step-by-worker grid of a unit-time run (forward = backward = 1, messages instant).
+
+    Rows are workers, columns time slots, cells the compute op run there (``F3``, ``B3``)
+    or ``.``. With ``detail`` a cell holds all the instructions around its compute op:
+    the receives before it, the sends, all-reduce and step after it. ``marks`` point at
+    instructions (worker, index) to flag with ``!``; one that never ran is drawn in the
+    slot after its worker's last op.
+    """
+    from shared.simulate import Costs, run_timeline
+
+    stages = 1 + max((s for s, _ in program), default=0)
+    timeline = run_timeline(program, Costs.uniform(stages))
+    slot_of = {(op.worker, op.index): int(op.start) for op in timeline.ops if op.instr.kind in COMPUTE}
+    marked = set(marks)
+    rows: dict[Worker, dict[int, list[str]]] = {w: {} for w in program}
+    for w, instrs in program.items():
+        last = max((slot for (ww, _), slot in slot_of.items() if ww == w), default=-1)
+        for group in _groups(instrs):
+            compute = next((i for i in group if instrs[i].kind in COMPUTE), None)
+            slot = slot_of.get((w, compute)) if compute is not None else None
+            flagged = [i for i in group if (w, i) in marked]
+            if slot is None:
+                if not flagged:
+                    continue
+                last += 1
+                slot = last
+            shown = [i for i in group if detail or i == compute or i in flagged]
+            rows[w].setdefault(slot, []).extend(("!" if i in flagged else "") + str(instrs[i]) for i in shown)
+    width = 1 + max((s for cells in rows.values() for s in cells), default=-1)
+    cols = [[" ".join(rows[w].get(c, ["."])) for c in range(width)] for w in sorted(program)]
+    col_w = [max([len(str(c))] + [len(r[c]) for r in cols]) for c in range(width)]
+    names = [worker_name(w) for w in sorted(program)]
+    name_w = max([len(n) for n in names] + [4])
+    sep = " | " if detail else " "  # detailed cells hold spaces themselves
+    lines = [sep.join([" " * name_w] + [str(c).rjust(col_w[c]) for c in range(width)]).rstrip()]
+    for name, row in zip(names, cols, strict=True):
+        lines.append(sep.join([name.ljust(name_w)] + [row[c].rjust(col_w[c]) for c in range(width)]).rstrip())
+    if marked:
+        lines.append("(! marks the failing instruction)")
+    return "\n".join(lines)
+
+
+def _groups(instrs: Sequence[Instr]) -> list[list[int]]:
+    """Indices grouped around compute ops: receives before one, sends/all-reduce/step after it."""
+    groups: list[list[int]] = [[]]
+    has_compute = False
+    for i, ins in enumerate(instrs):
+        if ins.kind in RECVS and has_compute:
+            groups.append([])
+            has_compute = False
+        elif ins.kind in COMPUTE:
+            if has_compute:
+                groups.append([])
+            has_compute = True
+        groups[-1].append(i)
+    return [g for g in groups if g]

@@ -1,0 +1,227 @@
+"""Simulating a schedule's program with per-stage costs: makespan, idle time, throughput, bubble.
+
+The same instruction lists that pdrun executes run here against a clock: forwards and
+backwards take their stage's seconds, sends are non-blocking and arrive after the edge's
+transfer time, receives block until their message has arrived, an all-reduce waits for
+every replica of its stage and then takes its cost, a step takes its cost. Timing is a
+max-plus recurrence over the program's dependencies, so the order in which workers are
+advanced does not change any figure. No torch: the planner and the benchmarks use it to
+predict pdrun's time, and :mod:`shared.schedule` uses it (at unit costs) to draw grids
+and find deadlocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shared.schedule import (
+    COMPUTE,
+    Instr,
+    Kind,
+    Program,
+    ScheduleError,
+    Worker,
+    max_in_flight,
+    worker_name,
+)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per unit: ``forward[s]``/``backward[s]`` per stage, ``transfer[(a, b)]`` per stage edge.
+
+    ``transfer[(a, b)]`` is the time one unit's activations take from stage a to stage b,
+    and its gradients from b back to a (missing edges cost nothing); ``allreduce[s]`` is
+    one all-reduce among stage s's replicas once all have arrived; ``step[s]`` is one
+    optimizer step. Missing stages in ``allreduce``/``step`` cost nothing.
+    """
+
+    forward: Sequence[float]
+    backward: Sequence[float]
+    transfer: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    allreduce: Sequence[float] = ()
+    step: Sequence[float] = ()
+
+    @classmethod
+    def uniform(
+        cls,
+        stages: int,
+        forward: float = 1.0,
+        backward: float = 1.0,
+        transfer: float = 0.0,
+        allreduce: float = 0.0,
+        step: float = 0.0,
+        stage_edges: Sequence[tuple[int, int]] | None = None,
+    ) -> Costs:
+        """The same costs at every stage and on every edge (the chain unless ``stage_edges``)."""
+        edges = stage_edges if stage_edges is not None else [(s, s + 1) for s in range(stages - 1)]
+        return cls(
+            forward=[forward] * stages,
+            backward=[backward] * stages,
+            transfer={(a, b): transfer for a, b in edges},
+            allreduce=[allreduce] * stages,
+            step=[step] * stages,
+        )
+
+    def of(self, instr: Instr, stage: int) -> float:
+        """How long ``instr`` keeps its worker busy (zero for sends and receives)."""
+        table = {
+            Kind.FORWARD: self.forward,
+            Kind.BACKWARD: self.backward,
+            Kind.ALLREDUCE: self.allreduce,
+            Kind.STEP: self.step,
+        }
+        costs = table.get(instr.kind)
+        if costs is None or stage >= len(costs):
+            return 0.0
+        return float(costs[stage])
+
+    def link(self, a: int, b: int) -> float:
+        """Transfer seconds between stages a and b, either direction."""
+        return float(self.transfer.get((min(a, b), max(a, b)), 0.0))
+
+
+@dataclass(frozen=True)
+class Op:
+    """One executed instruction: which worker, its index in the worker's list, when."""
+
+    worker: Worker
+    index: int
+    instr: Instr
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Every executed instruction; ``blocked`` maps each stuck worker to its stuck instruction (deadlock)."""
+
+    ops: tuple[Op, ...]
+    blocked: Mapping[Worker, int]
+
+    @property
+    def deadlocked(self) -> bool:
+        return bool(self.blocked)
+
+
+def run_timeline(program: Program, costs: Costs) -> Timeline:
+    """Execute ``program`` against a clock; stops (with ``blocked`` filled) when no worker can move.
+
+    Messages are matched by (kind, sender, receiver, unit); the i-th all-reduce of each
+    replica of a stage is one collective.
+    """
+    replicas: dict[int, int] = {}
+    for stage, _ in program:
+        replicas[stage] = replicas.get(stage, 0) + 1
+    pc = dict.fromkeys(program, 0)
+    clock = dict.fromkeys(program, 0.0)
+    rounds_done = dict.fromkeys(program, 0)  # all-reduces each worker finished
+    arrived: dict[tuple[str, Worker, Worker, int], float] = {}  # message -> arrival time
+    waiting: dict[tuple[str, Worker, Worker, int], Worker] = {}  # message -> receiver stuck on it
+    joined: dict[tuple[int, int], dict[Worker, float]] = {}  # (stage, round) -> worker -> time it came
+    ops: list[Op] = []
+    ready = deque(sorted(program))
+    queued = set(ready)
+
+    def wake(w: Worker) -> None:
+        if w not in queued:
+            queued.add(w)
+            ready.append(w)
+
+    while ready:
+        w = ready.popleft()
+        queued.discard(w)
+        instrs = program[w]
+        while pc[w] < len(instrs):
+            ins = instrs[pc[w]]
+            t = clock[w]
+            if ins.kind in COMPUTE or ins.kind is Kind.STEP:
+                end = t + costs.of(ins, w[0])
+            elif ins.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
+                assert ins.peer is not None
+                key = (ins.kind.value[1], w, ins.peer, ins.unit)
+                arrived[key] = t + costs.link(w[0], ins.peer[0])
+                if key in waiting:
+                    wake(waiting.pop(key))
+                end = t
+            elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+                assert ins.peer is not None
+                key = (ins.kind.value[1], ins.peer, w, ins.unit)
+                if key not in arrived:
+                    waiting[key] = w
+                    break
+                t = end = max(t, arrived.pop(key))
+            else:  # ALLREDUCE: a collective among the stage's replicas
+                group = joined.setdefault((w[0], rounds_done[w]), {})
+                group.setdefault(w, t)
+                if len(group) < replicas[w[0]]:
+                    break
+                t = max(group.values())
+                end = t + costs.of(ins, w[0])
+                rounds_done[w] += 1
+                for other in group:
+                    if other != w:
+                        wake(other)
+            ops.append(Op(w, pc[w], ins, t, end))
+            clock[w] = end
+            pc[w] += 1
+    blocked = {w: pc[w] for w in sorted(program) if pc[w] < len(program[w])}
+    return Timeline(tuple(ops), blocked)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """What a program costs: times in seconds, fractions in [0, 1]."""
+
+    makespan: float
+    busy: dict[Worker, float]  # forward, backward and step time
+    allreduce: dict[Worker, float]  # all-reduce time after every replica arrived
+    idle: dict[Worker, float]  # the rest of the makespan
+    time_per_unit: float  # steady state: seconds between unit completions
+    bubble: float  # idle share of all workers' time
+    peak_in_flight: dict[Worker, int]  # most units forwarded but not backwarded
+    timeline: Timeline
+
+
+def _time_per_unit(ops: Sequence[Op], makespan: float) -> float:
+    """Seconds per unit between the middle and the last optimizer step (a unit's completion)."""
+    done: dict[int, float] = {}
+    for op in ops:
+        if op.instr.kind is Kind.STEP:
+            done[op.instr.unit] = max(done.get(op.instr.unit, 0.0), op.end)
+    steps = sorted(done)
+    if len(steps) < 2:
+        return makespan / (steps[0] + 1) if steps else 0.0
+    mid = steps[(len(steps) - 1) // 2]
+    last = steps[-1]
+    return (done[last] - done[mid]) / (last - mid)
+
+
+def simulate(program: Program, costs: Costs) -> Simulation:
+    """Run ``program`` with ``costs``; raises :class:`ScheduleError` if it deadlocks."""
+    timeline = run_timeline(program, costs)
+    if timeline.deadlocked:
+        stuck = ", ".join(f"{worker_name(w)} at {program[w][i]}" for w, i in timeline.blocked.items())
+        raise ScheduleError(f"the program deadlocks: {stuck}")
+    makespan = max((op.end for op in timeline.ops), default=0.0)
+    busy = dict.fromkeys(program, 0.0)
+    reduce = dict.fromkeys(program, 0.0)
+    for op in timeline.ops:
+        if op.instr.kind is Kind.ALLREDUCE:
+            reduce[op.worker] += op.end - op.start
+        else:
+            busy[op.worker] += op.end - op.start
+    idle = {w: makespan - busy[w] - reduce[w] for w in program}
+    total = makespan * len(program)
+    return Simulation(
+        makespan=makespan,
+        busy=busy,
+        allreduce=reduce,
+        idle=idle,
+        time_per_unit=_time_per_unit(timeline.ops, makespan),
+        bubble=sum(idle.values()) / total if total > 0 else 0.0,
+        peak_in_flight=max_in_flight(program),
+        timeline=timeline,
+    )
