@@ -1,0 +1,152 @@
+"""``pdrun schedule``: draw a schedule's program as a step-by-worker grid, or print it as JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import click
+
+from shared.cli import console
+from shared.schedule import (
+    SCHEDULES,
+    Program,
+    build_program,
+    draw_grid,
+    program_to_text,
+    validate_program,
+    worker_name,
+)
+from shared.simulate import Costs, simulate
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """What to draw: a schedule over a stage DAG with replicas, for a number of units."""
+
+    schedule: str
+    replicas: tuple[int, ...]
+    units: int
+    microbatches: int
+    edges: tuple[tuple[int, int], ...] | None
+    in_flight: int | None
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(
+            f"expected comma-separated integers like 2,1,1, got {text!r}", param_hint=option
+        ) from None
+    if any(v < 1 for v in values):
+        raise click.BadParameter(f"every count must be at least 1, got {text!r}", param_hint=option)
+    return values
+
+
+def _edges(text: str) -> tuple[tuple[int, int], ...]:
+    pairs: list[tuple[int, int]] = []
+    for part in text.split(","):
+        a, sep, b = part.partition("-")
+        if not sep or not a.strip().isdigit() or not b.strip().isdigit():
+            raise click.BadParameter(f"expected pairs like 0-1,1-2,0-2, got {part!r}", param_hint="--edges")
+        pairs.append((int(a), int(b)))
+    return tuple(pairs)
+
+
+def _summary(config: ScheduleConfig, program: Program) -> str:
+    run = simulate(program, Costs.uniform(len(config.replicas), stage_edges=config.edges))
+    per = "a step each" if config.schedule == "1f1b" else f"{config.microbatches} per step"
+    peaks = " ".join(f"{worker_name(w)}={n}" for w, n in sorted(run.peak_in_flight.items()))
+    return (
+        f"{config.schedule}: {len(config.replicas)} stages, {len(program)} workers, {config.units} units"
+        f" ({per}): {run.makespan:g} slots at f=b=1, {run.time_per_unit:.3g} per unit in steady state,"
+        f" bubble {run.bubble:.1%}, peak in-flight {peaks}"
+    )
+
+
+@click.command("schedule")
+@click.option(
+    "--schedule",
+    "schedule_name",
+    type=click.Choice(SCHEDULES),
+    default="1f1b",
+    show_default=True,
+    help="The pipeline schedule.",
+)
+@click.option("--stages", type=int, default=None, help="Number of stages (default: from --replicas, else 4).")
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Units per optimizer step (flush schedules); for 1f1b, units per --steps.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Draw this many steps of --microbatches units.",
+)
+@click.option("--replicas", default=None, help="Replicas per stage, e.g. 2,1,1,1 (default: 1 each).")
+@click.option("--edges", default=None, help="Stage DAG as a-b pairs, e.g. 0-1,1-2,0-2 (default: the chain).")
+@click.option(
+    "--in-flight",
+    type=click.IntRange(min=1),
+    default=None,
+    help="1f1b: units admitted per input-stage worker (default NOAM).",
+)
+@click.option(
+    "--detail", is_flag=True, help="Draw every instruction (receives, sends, all-reduce, step), not only F/B."
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print each worker's instruction list (compact text form) as JSON.",
+)
+def schedule(
+    schedule_name: str,
+    stages: int | None,
+    microbatches: int,
+    steps: int,
+    replicas: str | None,
+    edges: str | None,
+    in_flight: int | None,
+    detail: bool,
+    as_json: bool,
+) -> None:
+    """Draw a schedule's program: rows are workers (s0.r0 = stage 0, replica 0), columns are time slots.
+
+    Example: pdrun schedule --schedule 1f1b --stages 4 --microbatches 8
+    """
+    reps = _ints(replicas, "--replicas") if replicas else (1,) * (stages if stages is not None else 4)
+    if stages is not None and stages != len(reps):
+        raise click.BadParameter(
+            f"--stages {stages} but --replicas names {len(reps)} stages", param_hint="--stages"
+        )
+    if stages is not None and stages < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--stages")
+    config = ScheduleConfig(
+        schedule=schedule_name,
+        replicas=reps,
+        units=microbatches * steps,
+        microbatches=microbatches,
+        edges=_edges(edges) if edges else None,
+        in_flight=in_flight,
+    )
+    program = build_program(
+        config.schedule,
+        config.replicas,
+        config.units,
+        microbatches=config.microbatches,
+        stage_edges=config.edges,
+        in_flight=config.in_flight,
+    )
+    validate_program(program)
+    if as_json:
+        click.echo(json.dumps(program_to_text(program), indent=1))
+    else:
+        click.echo(draw_grid(program, detail=detail))
+    console.print(_summary(config, program), markup=False)
