@@ -116,11 +116,32 @@ def load_tensors(spec: str, args: dict[str, Any]) -> tuple[torch.Tensor, torch.T
     return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
 
 
-def batch_at(x: torch.Tensor, y: torch.Tensor, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``step``-th batch of ``size`` samples, in order, wrapping at the end of an epoch."""
-    n = x.shape[0]
-    start = (step * size) % n
-    idx = torch.arange(start, start + size) % n
+class UnitOrder:
+    """pdrun's order of units: unit ``u`` is batch ``u mod B`` of epoch ``u div B`` (``B`` full batches
+    per epoch), each epoch a permutation seeded with ``seed + epoch``; so every system sees the same data."""
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        self.n = n
+        self.batch_size = batch_size
+        self.seed = seed
+        self.per_epoch = n // batch_size
+        if self.per_epoch < 1:
+            raise UserError(f"dataset: {n} samples, fewer than one batch of {batch_size}")
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    def indices(self, unit: int) -> torch.Tensor:
+        epoch, b = divmod(unit, self.per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm = (epoch, torch.randperm(self.n, generator=g))
+        return self._perm[1][b * self.batch_size : (b + 1) * self.batch_size]
+
+
+def batch_at(
+    x: torch.Tensor, y: torch.Tensor, order: UnitOrder, step: int, units: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples of step ``step``: its ``units`` consecutive units, concatenated."""
+    idx = torch.cat([order.indices(step * units + u) for u in range(units)])
     return x[idx], y[idx]
 
 
@@ -233,19 +254,20 @@ def _train_loop(
 def _run_single(s: Settings, rank: int, world: int) -> dict[str, Any]:
     model = build_model(s)
     x, y = load_tensors(s.data, s.data_args)
+    order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     loss_fn = resolve_loss(s.loss)
     opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum)
     compute = [0.0]
 
     def step(i: int) -> float:
         t0 = time.perf_counter()
-        xb, yb = batch_at(x, y, i, s.global_batch)
+        xb, yb = batch_at(x, y, order, i, s.microbatches)
         loss = loss_fn(model(xb), yb)
         loss.backward()
         compute[0] += time.perf_counter() - t0
         return float(loss.detach())
 
-    return _train_loop(s, rank, world, step, opt, compute, model, max(1, x.shape[0] // s.global_batch))
+    return _train_loop(s, rank, world, step, opt, compute, model, max(1, order.per_epoch // s.microbatches))
 
 
 def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
@@ -258,6 +280,7 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
     if s.bandwidth:
         ddp.register_comm_hook(None, ddp_hook(s.bandwidth, world))
     x, y = load_tensors(s.data, s.data_args)
+    order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     loss_fn = resolve_loss(s.loss)
     opt = torch.optim.SGD(ddp.parameters(), lr=s.lr, momentum=s.momentum)
     if s.global_batch % world:
@@ -268,14 +291,14 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
     def step(i: int) -> float:
         # Compute here includes the all-reduce DDP overlaps with backward.
         t0 = time.perf_counter()
-        xb, yb = batch_at(x, y, i, s.global_batch)
+        xb, yb = batch_at(x, y, order, i, s.microbatches)
         xb, yb = xb[rank * share : (rank + 1) * share], yb[rank * share : (rank + 1) * share]
         loss = loss_fn(ddp(xb), yb)
         loss.backward()
         compute[0] += time.perf_counter() - t0
         return float(loss.detach())
 
-    epoch = max(1, x.shape[0] // s.global_batch)
+    epoch = max(1, order.per_epoch // s.microbatches)
     return _train_loop(s, rank, world, step, opt, compute, model if rank == 0 else None, epoch)
 
 
@@ -301,11 +324,12 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute)  # type: ignore[method-assign]
     schedule._compute_loss = _timed(schedule._compute_loss, compute)  # type: ignore[method-assign]
     x, y = load_tensors(s.data, s.data_args)
+    order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     opt = torch.optim.SGD(module.parameters(), lr=s.lr, momentum=s.momentum)
     first, last = rank == 0, rank == world - 1
 
     def step(i: int) -> float | None:
-        xb, yb = batch_at(x, y, i, s.global_batch)
+        xb, yb = batch_at(x, y, order, i, s.microbatches)
         losses: list[torch.Tensor] = []
         if first and last:
             schedule.step(xb, target=yb, losses=losses)
@@ -317,7 +341,7 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
             schedule.step()
         return float(torch.stack(losses).detach().mean()) if losses else None
 
-    return _train_loop(s, rank, world, step, opt, compute, None, max(1, x.shape[0] // s.global_batch))
+    return _train_loop(s, rank, world, step, opt, compute, None, max(1, order.per_epoch // s.microbatches))
 
 
 def _worker(rank: int, world: int, port: int, system: str, s: Settings, results: Any) -> None:

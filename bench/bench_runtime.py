@@ -1,0 +1,191 @@
+"""pdrun against torch.distributed.pipelining, single-process training and DDP, at equal settings.
+
+One model, one dataset, one split (the planner's 2-stage plan), the same microbatch size,
+microbatches per step, steps, warm-up, optimizer and one thread per process for every
+system. pdrun runs the plan through its command line; the alternatives run in
+``bench.baselines``. Each system runs ``repeats`` times, interleaved, and its best run
+counts (the machine is shared; the best run is the least disturbed one). Every ratio is
+pdrun's samples/s over the alternative's, measured in the same invocation.
+
+Run alone: ``python -m bench.bench_runtime [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import toolchain
+from bench.baselines import Result, Settings, run
+from bench.measure import Figure, PdrunTiming, Report, check, pdrun_timing
+from shared.plan import Plan, load_plan
+
+PDRUN_SCHEDULES = ("1f1b-flush", "gpipe", "1f1b")
+BASELINES = ("pipe-1f1b", "pipe-gpipe", "single", "ddp")
+# Which baseline each pdrun schedule is compared with at equal settings.
+PAIRS = (
+    ("1f1b-flush", "pipe-1f1b", "pdrun 1F1B-flush / pipelining Schedule1F1B"),
+    ("gpipe", "pipe-gpipe", "pdrun GPipe / pipelining ScheduleGPipe"),
+    ("1f1b", "pipe-1f1b", "pdrun 1F1B (async) / pipelining Schedule1F1B"),
+    ("1f1b", "single", "pdrun 1F1B (async) / single process"),
+    ("1f1b", "ddp", "pdrun 1F1B (async) / DDP"),
+    ("1f1b-flush", "ddp", "pdrun 1F1B-flush / DDP"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str = "zoo:mnist_cnn"
+    data: str = "zoo:mnist5k"
+    batch_size: int = 64
+    microbatches: int = 4
+    steps: int = 40  # timed optimizer steps (flush schedules); 1F1B runs as many units
+    warmup: int = 4
+    bandwidth: float = 1e9  # what the plan assumes between the two workers, bytes/s
+    repeats: int = 2
+    lr: float = 0.05
+    momentum: float = 0.9
+
+
+QUICK = Config(steps=6, warmup=2, repeats=1)
+
+
+def settings_from_plan(plan: Plan, cfg: Config) -> Settings:
+    """The baselines' settings: the plan's model, data, split and unit, the benchmark's step counts."""
+    spec = plan.spec
+    assert spec.model is not None and spec.data is not None
+    return Settings(
+        model=spec.model,
+        model_args=dict(spec.model_args),
+        data=spec.data,
+        data_args={**spec.data_args, "split": "train"},
+        loss=spec.loss,
+        trace=spec.trace,
+        batch_size=plan.batch_size,
+        microbatches=cfg.microbatches,
+        stage_of=plan.stage_of(),
+        steps=cfg.steps,
+        warmup=cfg.warmup,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+    )
+
+
+def run_pdrun(plan_path: Path, schedule: str, cfg: Config, work: Path, tag: str, **kw: Any) -> tuple[str, PdrunTiming]:
+    """pdrun on ``plan_path`` with ``schedule``: the same samples as the baselines' warm-up + timed steps."""
+    ups = 1 if schedule == "1f1b" else cfg.microbatches
+    # In 1F1B each unit is a step: run as many units as the flush schedules do.
+    scale = cfg.microbatches // ups
+    metrics = work / f"run-{tag}-{schedule}.parquet"
+    extra = ["--schedule", schedule, "--microbatches", str(cfg.microbatches), "--lr", f"{cfg.lr:g}"]
+    extra += ["--momentum", f"{cfg.momentum:g}", "--no-val", "-q"]
+    done, _ = toolchain.pdrun(plan_path, metrics, steps=(cfg.steps + cfg.warmup) * scale, extra=extra, **kw)
+    return done.cmd, pdrun_timing(metrics, cfg.warmup * scale, cfg.batch_size * ups)
+
+
+def make_plan(work: Path, cfg: Config) -> tuple[Path, list[str]]:
+    """Profile the model and plan it onto 2 workers, one stage each."""
+    graph, plan_path = work / "graph.json", work / "plan-2stage.json"
+    cmds = [toolchain.profile(graph, cfg.model, cfg.data, cfg.batch_size).cmd]
+    cmds.append(
+        toolchain.plan(graph, plan_path, 2, cfg.bandwidth, "1f1b-flush", cfg.microbatches, straight=True).cmd
+    )
+    return plan_path, cmds
+
+
+def bench(work: Path, cfg: Config) -> Report:
+    report = Report("pdrun against the alternatives", "python -m bench.bench_runtime")
+    plan_path, cmds = make_plan(work, cfg)
+    plan = load_plan(plan_path)
+    s = settings_from_plan(plan, cfg)
+    report.notes.append(
+        f"{cfg.model} on {cfg.data}: {len(plan.stages)} stages "
+        f"({' | '.join(str(len(st.layers)) + ' layers' for st in plan.stages)}), microbatch {cfg.batch_size}, "
+        f"{cfg.microbatches} microbatches per step ({s.global_batch} samples), {cfg.steps} timed steps after "
+        f"{cfg.warmup} warm-up steps, SGD lr {cfg.lr} momentum {cfg.momentum}, one thread per process, "
+        f"gloo on 127.0.0.1; best of {cfg.repeats} interleaved runs. Plan: {' && '.join(cmds)}"
+    )
+    best_pd: dict[str, tuple[str, PdrunTiming]] = {}
+    best_base: dict[str, Result] = {}
+    for _ in range(cfg.repeats):
+        for schedule in PDRUN_SCHEDULES:
+            cmd, t = run_pdrun(plan_path, schedule, cfg, work, "rt")
+            if schedule not in best_pd or t.samples_per_s > best_pd[schedule][1].samples_per_s:
+                best_pd[schedule] = (cmd, t)
+        for system in BASELINES:
+            r = run(system, s, 2 if system == "ddp" else None)
+            if system not in best_base or r.samples_per_s > best_base[system].samples_per_s:
+                best_base[system] = r
+    rows: list[dict[str, Any]] = []
+    for schedule, (cmd, t) in best_pd.items():
+        rows.append({"system": f"pdrun {schedule}", "samples_per_s": t.samples_per_s, "seconds": t.seconds,
+                     "final_loss": t.losses[-1] if t.losses else math.nan, "command": cmd})
+    base_cmd = "python -m bench.bench_runtime"
+    for system, r in best_base.items():
+        rows.append({"system": system, "samples_per_s": r.samples_per_s, "seconds": r.seconds,
+                     "final_loss": r.losses[-1] if r.losses else math.nan, "command": base_cmd})
+    report.tables["throughput"] = rows
+    for ours, theirs, name in PAIRS:
+        ratio = best_pd[ours][1].samples_per_s / best_base[theirs].samples_per_s
+        target = ">= 1.2" if theirs.startswith("pipe") else ""
+        report.add(Figure(name, ratio, "x", f"{best_pd[ours][0]}  vs  {base_cmd}", target=target,
+                          meets=check(ratio, ">=", 1.2) if target else None))
+    report.tables["where_time_goes"] = _breakdown(best_pd, best_base)
+    eff = _efficiency(plan, best_pd["1f1b"][1])
+    if eff is not None:
+        measured, ideal = eff
+        report.add(Figure("pdrun 1F1B pipeline efficiency (busy fraction of the workers)", measured, "",
+                          best_pd["1f1b"][0]))
+        report.add(Figure("planner's ideal efficiency for this plan", ideal, "", cmds[-1]))
+        report.add(Figure("measured efficiency / planner's ideal", measured / ideal, "", best_pd["1f1b"][0],
+                          target=">= 0.85", meets=check(measured / ideal, ">=", 0.85)))
+    (work / "runtime.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    return report
+
+
+def _breakdown(pd: dict[str, tuple[str, PdrunTiming]], base: dict[str, Result]) -> list[dict[str, Any]]:
+    """Per system and rank: seconds computing, communicating/waiting, stepping the optimizer."""
+    rows: list[dict[str, Any]] = []
+    for schedule, (_, t) in pd.items():
+        for r in t.ranks:
+            rows.append({"system": f"pdrun {schedule}", "rank": int(r["rank"]), "total_s": r["total_s"],
+                         "compute_s": r["compute_s"], "comm_s": r["comm_s"], "idle_s": r["idle_s"]})
+    for system, res in base.items():
+        for k in res.ranks:
+            rows.append({"system": system, "rank": k.rank, "total_s": k.total_s, "compute_s": k.compute_s,
+                         "optimizer_s": k.optimizer_s, "other_s": k.other_s})
+    return rows
+
+
+def _efficiency(plan: Plan, t: PdrunTiming) -> tuple[float, float] | None:
+    """(measured busy fraction, the plan's ideal busy fraction): computing time over workers x wall."""
+    stage_times = [st.predicted.time_s for st in plan.stages if st.predicted is not None]
+    if len(stage_times) != len(plan.stages) or not stage_times or max(stage_times) <= 0:
+        return None
+    ideal = sum(stage_times) / (len(stage_times) * max(stage_times))
+    busy = sum(r["compute_s"] for r in t.ranks) / (len(t.ranks) * t.seconds)
+    return busy, ideal
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--work", default="bench/results/work", help="where artifacts go")
+    parser.add_argument("--quick", action="store_true", help="a few steps only (a smoke run)")
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = QUICK if args.quick else Config()
+    report = bench(work, cfg)
+    report.save(work / "bench_runtime.json")
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
+

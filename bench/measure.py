@@ -1,0 +1,101 @@
+"""What a benchmark records: named figures (each with the command that reproduces it) and pdrun's timings.
+
+A figure is a value with its unit, what it compares, and the command line behind it;
+RESULTS.md is written from these records only. ``PdrunTiming`` reads pdrun's per-step,
+per-rank metrics table and measures the same interval the baselines time: the steps
+after the warm-up, on the slowest rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass
+class Figure:
+    """One measured figure: ``value`` in ``unit``, with the command that reproduces it."""
+
+    name: str
+    value: float
+    unit: str
+    command: str
+    note: str = ""
+    target: str = ""  # e.g. ">= 1.2": what the issue asks of it
+    meets: bool | None = None
+
+
+@dataclass
+class Report:
+    """One benchmark's figures, tables (rows of dicts) and plots."""
+
+    title: str
+    command: str
+    figures: list[Figure] = field(default_factory=list)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, figure: Figure) -> Figure:
+        self.figures.append(figure)
+        return figure
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def check(value: float, op: str, bound: float) -> bool:
+    """Whether ``value op bound`` holds (NaN never does)."""
+    if math.isnan(value):
+        return False
+    return value >= bound if op == ">=" else value <= bound
+
+
+@dataclass
+class PdrunTiming:
+    """pdrun's measured interval: samples, seconds and where each rank's time went."""
+
+    samples: int
+    seconds: float
+    steps: int
+    ranks: list[dict[str, float]]  # per rank: total_s, compute_s, comm_s, idle_s
+    losses: list[float]
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else math.nan
+
+
+def pdrun_timing(metrics: Path, warmup_steps: int, samples_per_step: int) -> PdrunTiming:
+    """The steps after ``warmup_steps`` in pdrun's metrics: the slowest rank's wall time bounds them."""
+    df = pd.read_parquet(metrics)
+    timed = df[df["step"] >= warmup_steps]
+    if timed.empty:
+        raise ValueError(f"{metrics}: no steps after the {warmup_steps} warm-up steps")
+    ranks: list[dict[str, float]] = []
+    for rank, rows in timed.groupby("rank"):
+        row = {"rank": float(str(rank)), "total_s": float(rows["wall_s"].sum())}
+        for col in ("compute_s", "comm_s", "idle_s"):
+            row[col] = float(rows[col].sum()) if col in rows else math.nan
+        ranks.append(row)
+    steps = int(timed["step"].nunique())
+    # Each step's loss, on the rank(s) that compute it (the last stage).
+    loss_rows = timed.dropna(subset=["loss"]).groupby("step")["loss"].mean()
+    return PdrunTiming(
+        samples=steps * samples_per_step,
+        seconds=max(r["total_s"] for r in ranks),
+        steps=steps,
+        ranks=ranks,
+        losses=[float(v) for v in loss_rows.to_list()],
+    )

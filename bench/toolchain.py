@@ -1,0 +1,119 @@
+"""The three tools as the benchmarks call them: ``pdprof``, ``pdplan`` and ``pdrun`` as subprocesses.
+
+The benchmarks drive the command lines a user types, so what they measure is what a user
+gets; each call returns the exact command, which RESULTS.md prints so that any figure can
+be reproduced by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.errors import RunError
+
+
+def tool(name: str) -> str:
+    """The console script beside this interpreter (the venv's)."""
+    return str(Path(sys.executable).with_name(name))
+
+
+def pretty(cmd: list[str]) -> str:
+    """The command as a user would type it in the repository (tools by name, paths relative)."""
+    bindir = str(Path(sys.executable).parent) + "/"
+    cwd = os.getcwd() + "/"
+    return " ".join(shlex.quote(a.replace(bindir, "").replace(cwd, "")) for a in cmd)
+
+
+@dataclass
+class Call:
+    """A finished tool call: its command line, what it printed and how long it took."""
+
+    cmd: str
+    stdout: str
+    seconds: float
+
+
+def call(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> Call:
+    """Run a tool; a failure becomes a ``RunError`` carrying the last lines it printed."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env or {}))
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, check=False)
+    except subprocess.TimeoutExpired:
+        raise RunError(f"{pretty(cmd)}: no answer within {timeout_s:.0f} s") from None
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise RunError(f"{pretty(cmd)}: exit status {done.returncode}: {tail}")
+    return Call(pretty(cmd), done.stdout, seconds)
+
+
+def profile(
+    out: Path,
+    model: str,
+    data: str,
+    batch_size: int,
+    model_args: dict[str, Any] | None = None,
+    data_args: dict[str, Any] | None = None,
+    timeout_s: float = 300,
+) -> Call:
+    """``pdprof`` -> ``out`` (a layer graph)."""
+    cmd = [tool("pdprof"), "--model", model, "--data", data, "--batch-size", str(batch_size)]
+    for k, v in (model_args or {}).items():
+        cmd += ["--model-arg", f"{k}={v}"]
+    for k, v in (data_args or {}).items():
+        cmd += ["--data-arg", f"{k}={v}"]
+    return call([*cmd, "-o", str(out)], timeout_s)
+
+
+def plan(
+    graph: Path,
+    out: Path,
+    workers: int,
+    bandwidth: float,
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+    straight: bool = False,
+    timeout_s: float = 120,
+) -> Call:
+    """``pdplan`` -> ``out`` (a stage plan)."""
+    cmd = [tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:g}"]
+    cmd += ["--schedule", schedule, "--microbatches", str(microbatches)]
+    if straight:
+        cmd.append("--straight")
+    return call([*cmd, "-o", str(out)], timeout_s)
+
+
+def pdrun(
+    plan_path: Path,
+    metrics: Path,
+    steps: int | None = None,
+    epochs: int | None = None,
+    extra: list[str] | None = None,
+    bandwidth: float | None = None,
+    timeout_s: float = 600,
+) -> tuple[Call, dict[str, Any]]:
+    """``pdrun`` -> (the call, its JSON summary); per-step figures land in ``metrics``."""
+    cmd = [tool("pdrun"), str(plan_path), "--metrics", str(metrics)]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if epochs is not None:
+        cmd += ["--epochs", str(epochs)]
+    cmd += extra or []
+    env = {"PIPEDREAM_EMULATE_BANDWIDTH": f"{bandwidth:g}"} if bandwidth else None
+    done = call(cmd, timeout_s, env)
+    if env:
+        done.cmd = f"PIPEDREAM_EMULATE_BANDWIDTH={bandwidth:g} {done.cmd}"
+    try:
+        summary = json.loads(done.stdout) if done.stdout.strip() else {}
+    except json.JSONDecodeError:
+        summary = {}
+    return done, summary
