@@ -8,6 +8,7 @@ names the peer that never sent, so a broken pipeline fails instead of hanging.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -21,6 +22,20 @@ TAG_ACT = 1
 TAG_GRAD = 2
 TAG_VAL = 3
 
+# Benchmarks only: an emulated slow link. With this set to B (bytes/s), every send first sleeps
+# bytes / B, the same emulation bench/slow_link.py applies to the baselines (docs/benchmarks.md).
+EMULATE_BANDWIDTH_ENV = "PIPEDREAM_EMULATE_BANDWIDTH"
+
+
+def emulated_bandwidth() -> float | None:
+    """The emulated link's bytes/s from the environment, or None (no emulation)."""
+    value = os.environ.get(EMULATE_BANDWIDTH_ENV, "")
+    try:
+        bandwidth = float(value) if value else 0.0
+    except ValueError:
+        return None
+    return bandwidth if bandwidth > 0 else None
+
 
 class Comm:
     """This worker's sends in flight and the time spent communicating."""
@@ -31,6 +46,7 @@ class Comm:
         self.timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        self.bandwidth = emulated_bandwidth()
 
     def header(self, unit: int, version: int) -> torch.Tensor:
         return torch.tensor([unit, version], dtype=torch.int64, device=self.device)
@@ -38,6 +54,8 @@ class Comm:
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
         """Post the sends; the tensors stay referenced until the peer has them."""
         held = [t.contiguous() for t in tensors]
+        if self.bandwidth is not None:
+            time.sleep(sum(t.numel() * t.element_size() for t in held) / self.bandwidth)
         for t in held:
             work = dist.isend(t, dst=dst, tag=tag)
             if work is not None:
