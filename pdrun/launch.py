@@ -95,6 +95,9 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
         # fork starts a CPU worker in milliseconds; CUDA cannot be forked once initialised.
         start_method="spawn" if cfg.device == "cuda" else "fork",
     )
+    if config.start_method == "fork":
+        # Creating an optimizer imports torch._dynamo (seconds); do it once here, not in every worker.
+        import torch._dynamo  # noqa: F401
     with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir:
         try:
             out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), cfg, errdir)
