@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from pdprof.batch import batch_shape, first_batch
-from pdprof.clock import clock_for
-from pdprof.sizes import LayerSize, measure_sizes
+from pdprof.clock import Clock, CpuClock, clock_for
+from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
@@ -101,8 +101,7 @@ def profile_model(
         clock = clock_for(device)
 
         report("sizes", 0, 1)
-        sizes, output = measure_sizes(traced.module, inputs)
-        _check_loss(loss_fn(output, target), config.spec.loss)
+        sizes = _first_run(traced, inputs, target, loss_fn, config.spec)
         model.zero_grad(set_to_none=True)
 
         rounds = config.warmup + config.repeats
@@ -123,9 +122,39 @@ def profile_model(
                 samples.append(results[1])
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
-        return _assemble(traced, sizes, steps, samples, inputs, config, device)
+        return _assemble(traced, sizes, steps, samples, inputs, config, device, clock)
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _first_run(
+    traced: TracedModel, inputs: tuple[Any, ...], target: Any, loss_fn: LossFn, spec: RunSpec
+) -> dict[str, LayerSize]:
+    """Measure sizes; a model or loss that fails on this batch is the user's input error, said in one line."""
+    model_name = spec.model or type(traced.module).__name__
+    shapes = batch_shape(inputs)
+    try:
+        sizes, output = measure_sizes(traced.module, inputs)
+    except Exception as exc:  # any failure of user code on user data
+        raise UserError(
+            f"model {model_name!r} failed on a batch of shape {shapes} from {spec.data!r}: {_first_line(exc)}"
+        ) from exc
+    try:
+        loss = loss_fn(output, target)
+    except Exception as exc:
+        target_shape = list(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__
+        raise UserError(
+            f"loss {spec.loss!r} failed on the model's output {shape_of(output)} and target {target_shape}: "
+            f"{_first_line(exc)}"
+        ) from exc
+    _check_loss(loss, spec.loss)
+    loss.backward()  # type: ignore[no-untyped-call]
+    return sizes
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _check_loss(loss: Any, spec: str) -> None:
@@ -139,6 +168,13 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+def _clock_name(clock: Clock, device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return "cuda events"
+    wait = " less run-queue wait" if isinstance(clock, CpuClock) and clock.corrects_waits else ""
+    return f"cpu perf_counter{wait}, {threads} thread(s)"
+
+
 def _assemble(
     traced: TracedModel,
     sizes: dict[str, LayerSize],
@@ -147,6 +183,7 @@ def _assemble(
     inputs: tuple[Any, ...],
     config: ProfileConfig,
     device: torch.device,
+    clock: Clock,
 ) -> ProfileResult:
     rows: list[dict[str, Any]] = []
     nodes: list[Node] = []
@@ -176,7 +213,7 @@ def _assemble(
     step_ms = _median(steps)
     layer_sum = sum(n.forward_ms + n.backward_ms for n in nodes)
     method = (
-        "cuda events" if device.type == "cuda" else f"cpu perf_counter, {config.threads} thread(s)"
+        _clock_name(clock, device, config.threads)
     ) + "; forward per fx node; backward split at autograd node hooks; interleaved with whole steps"
     timing = Timing(
         method=method,

@@ -6,6 +6,8 @@ The tests copy this file to a temporary directory and name it by path
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -123,3 +125,54 @@ class Gated(nn.Module):
 
 def build_gated() -> nn.Module:
     return Gated()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: a layer whose backward time is known in advance."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds  # type: ignore[attr-defined]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(ctx.seconds)  # type: ignore[attr-defined]
+        return grad, None
+
+
+class SlowForward(nn.Module):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return x * 1.0
+
+
+class SlowBackward(nn.Module):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SlowBackward.apply(x, self.seconds)  # type: ignore[no-any-return]
+
+
+class Sleepy(nn.Module):
+    """fc -> slow_fwd (sleeps in forward) -> slow_bwd (sleeps in backward) -> head."""
+
+    def __init__(self, forward_s: float = 0.02, backward_s: float = 0.03) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.slow_fwd = SlowForward(forward_s)
+        self.slow_bwd = SlowBackward(backward_s)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.slow_bwd(self.slow_fwd(self.fc(x))))
+
+
+def build_sleepy(forward_s: float = 0.02, backward_s: float = 0.03) -> nn.Module:
+    return Sleepy(forward_s, backward_s)

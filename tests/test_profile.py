@@ -1,0 +1,162 @@
+"""pdprof profile: a user's model file becomes a layer graph and a profile table, timed honestly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pdprof.cli import main
+from pdprof.profiler import ProfileConfig, profile_spec
+from shared.graph import LayerGraph, load_graph
+from shared.spec import RunSpec
+from shared.tables import PROFILE_TABLE, load_table
+from shared.tracer import trace
+from tests.test_profile_usermodel import BRANCHY_EDGES, build
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> Path:
+    """The test models as a user's own file, outside any package."""
+    path = tmp_path / "model.py"
+    shutil.copy(HERE / "test_profile_usermodel.py", path)
+    return path
+
+
+def pdprof(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, tmp_path: Path) -> None:
+    out, table = tmp_path / "graph.json", tmp_path / "profile.parquet"
+    code, stdout, stderr = pdprof(
+        "--model", f"{user_file}:build", "--model-arg", "width=16", "--data", f"{user_file}:data",
+        "--batch-size", "16", "--warmup", "1", "--repeats", "3", "-o", str(out), "--table", str(table),
+    )
+    assert code == 0, stderr
+    assert stdout == ""  # with -o, nothing on stdout
+    graph = load_graph(out)
+
+    # The nodes and edges are exactly the tracer's (pdrun re-traces and compares the hash).
+    traced = trace(build(16))
+    assert [n.id for n in graph.nodes] == [layer.name for layer in traced.layers]
+    assert {(e.source, e.target) for e in graph.edges} == BRANCHY_EDGES
+    assert graph.structure_hash() == traced.structure_hash()
+
+    # Sizes: float32 activations of a batch of 16, parameters of the layer's own module.
+    nodes = {n.id: n for n in graph.nodes}
+    assert nodes["relu"].activation_bytes == 16 * 16 * 4
+    assert nodes["cat"].output_shape == [16, 32]
+    assert nodes["stem"].parameter_bytes == (8 * 16 + 16) * 4
+    assert nodes["cat"].parameter_bytes == 0
+    assert nodes["merge"].saved_bytes >= nodes["cat"].activation_bytes  # Linear keeps its input for backward
+    for edge in graph.edges:
+        assert edge.bytes == nodes[edge.source].activation_bytes
+    assert all(n.forward_ms > 0 for n in graph.nodes if n.op != "input")
+    assert all(n.backward_ms > 0 for n in graph.nodes if n.parameter_bytes > 0)
+
+    # What it takes to reproduce the profile.
+    assert graph.spec.model == f"{user_file}:build" and graph.spec.model_args == {"width": 16}
+    assert graph.spec.data == f"{user_file}:data" and graph.spec.loss == "cross_entropy"
+    assert (graph.batch_size, graph.input_shape, graph.device, graph.threads) == (16, [16, 8], "cpu", 1)
+    assert graph.writer.torch == torch.__version__.split("+")[0] or graph.writer.torch == torch.__version__
+    assert graph.timing is not None and (graph.timing.warmup, graph.timing.repeats) == (1, 3)
+
+    # The table holds every sample; the graph's figures are their medians.
+    df, meta = load_table(table, PROFILE_TABLE)
+    assert len(df) == len(graph.nodes) * 2 * 3
+    medians = df.groupby(["layer", "phase"])["ms"].median()
+    for n in graph.nodes:
+        assert medians[(n.id, "forward")] == pytest.approx(n.forward_ms)
+        assert medians[(n.id, "backward")] == pytest.approx(n.backward_ms)
+    assert meta["graph_hash"] == graph.structure_hash() and meta["batch_size"] == 16
+    assert len(meta["step_ms"]) == 3
+    assert "layer sum / whole step" in stderr
+
+
+def test_graph_goes_to_stdout_of_a_real_process(user_file: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from pdprof.cli import main; main()", "--model", f"{user_file}:build_two", "--data", f"{user_file}:pairs",
+         "--batch-size", "8", "--warmup", "0", "--repeats", "2"],
+        capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    graph = LayerGraph.model_validate(json.loads(proc.stdout))
+    # The dataset's input is a pair: the model is called as model(a, b).
+    assert [n.id for n in graph.nodes if n.op == "input"] == ["a", "b"]
+    assert graph.input_shape == [[8, 8], [8, 4]]
+    assert graph.node("mul").activation_bytes == 8 * 16 * 4
+    assert "pdprof: " in proc.stderr
+
+
+def test_time_lands_on_the_layer_that_spends_it(user_file: Path) -> None:
+    """A layer sleeping 20 ms in forward and one sleeping 30 ms in backward are charged exactly that."""
+    spec = RunSpec(model=f"{user_file}:build_sleepy", data=f"{user_file}:data")
+    graph = profile_spec(ProfileConfig(spec, batch_size=4, warmup=1, repeats=3)).graph
+    nodes = {n.id: n for n in graph.nodes}
+    assert 20 <= nodes["slow_fwd"].forward_ms < 35
+    assert nodes["slow_fwd"].backward_ms < 5
+    assert 30 <= nodes["slow_bwd"].backward_ms < 45
+    assert nodes["slow_bwd"].forward_ms < 5
+    for name in ("fc", "head"):
+        assert nodes[name].forward_ms < 5 and nodes[name].backward_ms < 5
+    assert graph.timing is not None and graph.timing.ratio == pytest.approx(1.0, abs=0.1)
+
+
+def test_layer_sum_agrees_with_a_whole_training_step() -> None:
+    """On a conv net, forward+backward summed over layers is within 15% of a directly timed step."""
+    spec = RunSpec(
+        model="zoo:mnist_cnn", model_args={"channels": 16},
+        data="zoo:synthetic", data_args={"size": 32, "shape": (1, 28, 28)},
+    )
+    graph = profile_spec(ProfileConfig(spec, batch_size=32, warmup=2, repeats=12)).graph
+    timing = graph.timing
+    assert timing is not None and timing.step_ms is not None and timing.layer_sum_ms is not None
+    assert timing.layer_sum_ms == pytest.approx(sum(n.forward_ms + n.backward_ms for n in graph.nodes))
+    assert timing.ratio == pytest.approx(timing.layer_sum_ms / timing.step_ms)
+    assert 0.85 <= timing.ratio <= 1.15, f"layer sum {timing.layer_sum_ms:.2f} ms vs step {timing.step_ms:.2f} ms"
+
+
+def test_grouping_options_reach_the_tracer_and_the_spec(user_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    code, _, stderr = pdprof(
+        "--model", f"{user_file}:build_gated", "--data", f"{user_file}:data", "--batch-size", "4",
+        "--leaf-module", "Gate", "--warmup", "0", "--repeats", "1", "-o", str(out),
+    )
+    assert code == 0, stderr
+    graph = load_graph(out)
+    assert [n.id for n in graph.nodes] == ["x", "fc", "gate", "head"]
+    assert graph.spec.trace.leaf_modules == ["Gate"]
+    assert graph.node("gate").parameter_bytes == (16 * 16 + 16) * 4
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model", "{f}:build_gated"], "module 'gate' (Gate): data-dependent control flow"),
+        (["--model", "{d}/nope.py:build"], "nope.py' not found"),
+        (["--model", "zoo:resmlpp"], "did you mean zoo:resmlp"),
+        (["--model", "{f}:build", "--device", "bogus"], "--device 'bogus'"),
+        (["--model", "{f}:build", "--loss", "mse"], "loss 'mse' failed on the model's output [4, 4] and target [4]"),
+        (["--model", "{f}:build_two"], "model '{f}:build_two' failed on a batch of shape [4, 8]"),
+        (["--model", "{f}:build", "--model-arg", "depth=3"], "unexpected keyword argument 'depth'"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(user_file: Path, args: list[str], expected: str) -> None:
+    fill = {"f": str(user_file), "d": str(user_file.parent)}
+    argv = [a.format(**fill) for a in args] + ["--data", f"{user_file}:data", "--batch-size", "4", "--repeats", "1"]
+    code, stdout, stderr = pdprof(*argv)
+    assert code == 2
+    assert stdout == ""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pdprof: error: ")
+    assert expected.format(**fill) in lines[0]
