@@ -179,14 +179,18 @@ class Simulation:
     busy: dict[Worker, float]  # forward, backward and step time
     allreduce: dict[Worker, float]  # all-reduce time after every replica arrived
     idle: dict[Worker, float]  # the rest of the makespan
-    time_per_unit: float  # steady state: seconds between unit completions
+    time_per_unit: float  # steady state: seconds between unit completions, fill and drain left out
     bubble: float  # idle share of all workers' time
     peak_in_flight: dict[Worker, int]  # most units forwarded but not backwarded
     timeline: Timeline
 
 
 def _time_per_unit(ops: Sequence[Op], makespan: float) -> float:
-    """Seconds per unit between the middle and the last optimizer step (a unit's completion)."""
+    """Seconds per unit between optimizer steps a quarter and three quarters into the run.
+
+    A unit (or a flush step's units) completes with its STEP; measuring between the
+    quartiles leaves out the pipeline's fill and drain. Two steps: between them.
+    """
     done: dict[int, float] = {}
     for op in ops:
         if op.instr.kind is Kind.STEP:
@@ -194,9 +198,9 @@ def _time_per_unit(ops: Sequence[Op], makespan: float) -> float:
     steps = sorted(done)
     if len(steps) < 2:
         return makespan / (steps[0] + 1) if steps else 0.0
-    mid = steps[(len(steps) - 1) // 2]
-    last = steps[-1]
-    return (done[last] - done[mid]) / (last - mid)
+    lo = steps[len(steps) // 4]
+    hi = steps[max(len(steps) // 4 + 1, (3 * len(steps)) // 4)]
+    return (done[hi] - done[lo]) / (hi - lo)
 
 
 def simulate(program: Program, costs: Costs) -> Simulation:
