@@ -12,6 +12,7 @@ and find deadlocks.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,21 +186,24 @@ class Simulation:
     timeline: Timeline
 
 
-def _time_per_unit(ops: Sequence[Op], makespan: float) -> float:
+def _time_per_unit(ops: Sequence[Op], makespan: float, period: int) -> float:
     """Seconds per unit between optimizer steps a quarter and three quarters into the run.
 
-    A unit (or a flush step's units) completes with its STEP; measuring between the
-    quartiles leaves out the pipeline's fill and drain. Two steps: between them.
+    A unit (or a flush step's units) completes with its STEP; replicas that all-reduce
+    together complete ``period`` units at once, so only steps that end such a round
+    count. Measuring between the quartiles leaves out the pipeline's fill and drain;
+    with fewer than two such steps it is the makespan over the units.
     """
     done: dict[int, float] = {}
     for op in ops:
         if op.instr.kind is Kind.STEP:
             done[op.instr.unit] = max(done.get(op.instr.unit, 0.0), op.end)
     steps = sorted(done)
-    if len(steps) < 2:
-        return makespan / (steps[0] + 1) if steps else 0.0
-    lo = steps[len(steps) // 4]
-    hi = steps[max(len(steps) // 4 + 1, (3 * len(steps)) // 4)]
+    rounds = [u for u in steps if (u + 1) % period == 0] or steps
+    if len(rounds) < 2:
+        return makespan / (steps[-1] + 1) if steps else 0.0
+    lo = rounds[len(rounds) // 4]
+    hi = rounds[max(len(rounds) // 4 + 1, (3 * len(rounds)) // 4)]
     return (done[hi] - done[lo]) / (hi - lo)
 
 
@@ -210,6 +214,9 @@ def simulate(program: Program, costs: Costs) -> Simulation:
         stuck = ", ".join(f"{worker_name(w)} at {program[w][i]}" for w, i in timeline.blocked.items())
         raise ScheduleError(f"the program deadlocks: {stuck}")
     makespan = max((op.end for op in timeline.ops), default=0.0)
+    replicas: dict[int, int] = {}
+    for stage, _ in program:
+        replicas[stage] = replicas.get(stage, 0) + 1
     busy = dict.fromkeys(program, 0.0)
     reduce = dict.fromkeys(program, 0.0)
     for op in timeline.ops:
@@ -224,7 +231,7 @@ def simulate(program: Program, costs: Costs) -> Simulation:
         busy=busy,
         allreduce=reduce,
         idle=idle,
-        time_per_unit=_time_per_unit(timeline.ops, makespan),
+        time_per_unit=_time_per_unit(timeline.ops, makespan, math.lcm(*replicas.values()) if replicas else 1),
         bubble=sum(idle.values()) / total if total > 0 else 0.0,
         peak_in_flight=max_in_flight(program),
         timeline=timeline,

@@ -46,6 +46,9 @@ def test_replicated_stage_halves_its_time_per_unit() -> None:
     assert run.time_per_unit == pytest.approx(3.0)
     without = simulate(build_program("1f1b", [1, 1], 32), Costs(forward=[2.0, 1.0], backward=[4.0, 2.0]))
     assert without.time_per_unit == pytest.approx(6.0)
+    # replicas that all-reduce together finish their units together: measured per round
+    assert simulate(build_program("1f1b", [2, 2], 48), Costs.uniform(2)).time_per_unit == pytest.approx(1.0)
+    assert simulate(build_program("1f1b", [3, 1], 48), Costs.uniform(2)).time_per_unit == pytest.approx(2.0)
 
 
 def test_transfer_allreduce_and_step_costs_add_where_they_occur() -> None:
