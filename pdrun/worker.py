@@ -177,7 +177,6 @@ class Worker:
             self.stats.losses.append(float(loss.detach()))
         if self.record:
             state.forward_print = fingerprint(params)
-        self.stats.units += 1
         self.inflight[u] = state
         for b, names in self.part.consumers(self.s):
             tensors = [encode(sent[n], self.specs[n], self.device) for n in names]
@@ -225,14 +224,15 @@ class Worker:
                  "backward_version": used, "forward_print": state.forward_print, "backward_print": fingerprint(params)}
             )
         self.versions.release(state.version, state.params)
+        self.stats.units += 1  # a unit counts towards throughput when its backward is done
         for a, names in self.part.receives(self.s):
             out: list[torch.Tensor] = []
             for n in names:
                 if not self.specs[n].requires_grad:
                     continue
                 leaf = state.received[n]
-                g: torch.Tensor | None = leaf.grad if isinstance(leaf, torch.Tensor) else None
-                out.append(g if g is not None else torch.zeros_like(leaf))
+                leaf_grad: torch.Tensor | None = leaf.grad if isinstance(leaf, torch.Tensor) else None
+                out.append(leaf_grad if leaf_grad is not None else torch.zeros_like(leaf))
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
 
     def allreduce(self, ins: Instr) -> None:
