@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shared.errors import UserError
+from shared.errors import ArtifactError, UserError
 
 STDIO = "-"
 
@@ -36,22 +36,20 @@ def read_bytes(source: str | os.PathLike[str], what: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise UserError(f"{path}: no such file (expected {what})") from None
+        raise ArtifactError(str(path), "", f"no such file (expected {what})") from None
     except IsADirectoryError:
-        raise UserError(f"{path}: is a directory (expected {what})") from None
+        raise ArtifactError(str(path), "", f"is a directory (expected {what})") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ArtifactError(str(path), "", f"cannot read: {exc.strerror} (expected {what})") from None
 
 
 def read_text(source: str | os.PathLike[str], what: str) -> str:
-    """Read ``source`` as UTF-8 text."""
+    """Read ``source`` as UTF-8 text (a leading byte-order mark, as some editors write, is skipped)."""
     data = read_bytes(source, what)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise UserError(
-            f"{display_name(source)}: not UTF-8 text at byte {exc.start} (expected {what})"
-        ) from None
+        raise ArtifactError(display_name(source), "", f"not UTF-8 text at byte {exc.start} (expected {what})") from None
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
