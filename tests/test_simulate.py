@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from shared.schedule import Instr, Kind, Program, ScheduleError, build_program
@@ -97,3 +100,10 @@ def test_deadlock_is_reported() -> None:
     assert timeline.deadlocked and dict(timeline.blocked) == {(0, 0): 0, (1, 0): 0}
     with pytest.raises(ScheduleError, match=r"deadlocks: s0\.r0 at RG0<1\.0, s1\.r0 at RA0<0\.0"):
         simulate(program, Costs.uniform(2))
+
+
+def test_schedule_modules_do_not_import_torch() -> None:
+    # schedules are data: the planner and `pdrun schedule` use them without torch
+    code = "import sys, shared.schedule, shared.simulate, pdrun.cmd_schedule; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"
