@@ -89,7 +89,12 @@ def worker_of_unit(stage: int, unit: int, replicas: Sequence[int]) -> Worker:
 
 
 def default_in_flight(replicas: Sequence[int]) -> int:
-    """PipeDream's NOAM: ``ceil(workers / replicas of the input stage)`` units per input-stage worker."""
+    """PipeDream's NOAM: ``ceil(workers / replicas of the input stage)`` units per input-stage worker.
+
+    PipeDream (Narayanan et al., SOSP'19, 1F1B scheduling): in the startup state the input
+    stage admits NOAM = ceil(# machines / # machines in the input stage) minibatches, just
+    enough to keep every worker busy once the pipeline reaches its steady state.
+    """
     return math.ceil(sum(replicas) / replicas[0])
 
 
@@ -418,8 +423,8 @@ def _check_messages(program: Program) -> None:
         recv_units = [u for u, _ in gets]
         send_units = [u for u, _ in outs]
         for u, i in outs:
-            send_text = f"{worker_name(src)} {send_code}{u}>{src_dst(dst)}"
-            recv_text = f"{recv_code}{u}<{src_dst(src)}"
+            send_text = f"{worker_name(src)} {send_code}{u}>{_peer_text(dst)}"
+            recv_text = f"{recv_code}{u}<{_peer_text(src)}"
             if send_units.count(u) > 1:
                 raise _fail(program, f"{send_text}: sent {send_units.count(u)} times", src, i)
             if recv_units.count(u) == 0:
@@ -431,8 +436,8 @@ def _check_messages(program: Program) -> None:
             if u not in send_units:
                 raise _fail(
                     program,
-                    f"{worker_name(dst)} {recv_code}{u}<{src_dst(src)}: no matching "
-                    f"{send_code}{u}>{src_dst(dst)} on {worker_name(src)}",
+                    f"{worker_name(dst)} {recv_code}{u}<{_peer_text(src)}: no matching "
+                    f"{send_code}{u}>{_peer_text(dst)} on {worker_name(src)}",
                     dst,
                     i,
                 )
@@ -447,7 +452,7 @@ def _check_messages(program: Program) -> None:
             )
 
 
-def src_dst(w: Worker) -> str:
+def _peer_text(w: Worker) -> str:
     """A worker as a peer is written in instructions: ``1.0``."""
     return f"{w[0]}.{w[1]}"
 
