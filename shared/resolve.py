@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,15 @@ from typing import Any
 from shared.errors import SpecError
 
 FORMS = "zoo:NAME, package.module:callable or path/to/file.py:callable"
+_ZOO_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _zoo_name(spec: str, kind: str) -> str:
+    """The NAME of ``zoo:NAME``, refused early when it cannot be a zoo entry (keeps messages one line)."""
+    name = spec[4:]
+    if not _ZOO_NAME.match(name):
+        raise SpecError(f"{kind} spec {spec!r}: expected zoo:NAME with a name from `pdprof zoo`")
+    return name
 
 
 def _why(exc: BaseException) -> str:
@@ -98,7 +108,7 @@ def resolve_model(spec: str, args: dict[str, Any] | None = None) -> Any:
     if spec.startswith("zoo:"):
         from shared.zoo import registry
 
-        fn = registry.model_builder(spec[4:])
+        fn = registry.model_builder(_zoo_name(spec, "model"))
     else:
         fn = load_callable(spec, "model")
     model = call_with_args(fn, args, spec, "model")
@@ -113,7 +123,7 @@ def resolve_dataset(spec: str, args: dict[str, Any] | None = None) -> Any:
     if spec.startswith("zoo:"):
         from shared.zoo import registry
 
-        fn = registry.dataset_builder(spec[4:])
+        fn = registry.dataset_builder(_zoo_name(spec, "dataset"))
     else:
         fn = load_callable(spec, "dataset")
     data = call_with_args(fn, args, spec, "dataset")
