@@ -1,0 +1,207 @@
+"""The three installed command lines: --help, --version, one-line errors, a terminal on stdin, the schema.
+
+The console scripts in the virtual environment run as real subprocesses, all started
+together (pdprof and pdrun import torch, which takes seconds each), with a timeout so that
+a command waiting on a terminal fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from pdplan.cli import main as pdplan_main
+from pdprof.cli import main as pdprof_main
+from pdrun.cli import main as pdrun_main
+from shared.plan import Plan, Stage, StagePrediction
+from shared.version import __version__
+
+BIN = Path(sys.executable).parent
+TOOLS = ("pdprof", "pdplan", "pdrun")
+
+
+@dataclass(frozen=True)
+class Case:
+    argv: tuple[str, ...]
+    stdin: bytes | None = None  # None: a pseudo-terminal
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+CASES = {
+    **{f"{tool} --version": Case((tool, "--version"), b"") for tool in TOOLS},
+    "empty object to pdplan show": Case(("pdplan", "show", "-"), b"{}\n"),
+    "not json to pdrun": Case(("pdrun", "-"), b"not json\n"),
+    "debug traceback": Case(("pdplan", "--debug", "show", "-"), b"{}\n"),
+    "terminal to pdplan show": Case(("pdplan", "show")),
+    "terminal to pdrun": Case(("pdrun", "-")),
+    "schema": Case(("pdplan", "schema"), b""),
+}
+
+
+def _run(case: Case) -> Result:
+    exe = str(BIN / case.argv[0])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    env.pop("PIPEDREAM_DEBUG", None)
+    if case.stdin is not None:
+        done = subprocess.run(
+            [exe, *case.argv[1:]], input=case.stdin, capture_output=True, timeout=180, env=env
+        )
+    else:
+        controller, terminal = pty.openpty()
+        try:
+            done = subprocess.run(
+                [exe, *case.argv[1:]], stdin=terminal, capture_output=True, timeout=180, env=env
+            )
+        finally:
+            os.close(terminal)
+            os.close(controller)
+    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, Result]:
+    with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
+        futures = {name: pool.submit(_run, case) for name, case in CASES.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_version(results: dict[str, Result], tool: str) -> None:
+    r = results[f"{tool} --version"]
+    assert (r.code, r.stdout.strip()) == (0, f"{tool} {__version__}")
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_help_lists_the_commands(tool: str) -> None:
+    main = {"pdprof": pdprof_main, "pdplan": pdplan_main, "pdrun": pdrun_main}[tool]
+    result = CliRunner().invoke(main, ["--help"], prog_name=tool)
+    assert result.exit_code == 0, result.output
+    assert f"Usage: {tool} [OPTIONS] COMMAND [ARGS]..." in result.stdout
+    assert "--version" in result.stdout and "--debug" in result.stdout
+    for name in main.commands:
+        assert f"  {name} " in result.stdout
+        sub = CliRunner().invoke(main, [name, "--help"], prog_name=tool)
+        assert sub.exit_code == 0 and f"Usage: {tool} {name}" in sub.stdout
+
+
+def test_empty_object_to_pdplan_show_is_one_line(results: dict[str, Result]) -> None:
+    r = results["empty object to pdplan show"]
+    assert r.code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "pdplan: error: <stdin>: format: required field is missing (expected 'pdplan.plan/1')"
+    ]
+
+
+def test_not_json_to_pdrun_is_one_line(results: dict[str, Result]) -> None:
+    r = results["not json to pdrun"]
+    assert r.code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "pdrun: error: <stdin>: not valid JSON at line 1 column 1: Expecting value (expected a stage plan (pdplan.plan/1))"
+    ]
+
+
+def test_debug_shows_the_traceback(results: dict[str, Result]) -> None:
+    r = results["debug traceback"]
+    assert r.code == 2
+    assert "Traceback (most recent call last)" in r.stderr and "ArtifactError" in r.stderr
+    assert r.stderr.splitlines()[-1].startswith("pdplan: error: <stdin>: format:")
+
+
+@pytest.mark.parametrize(
+    ("name", "tool"), [("terminal to pdplan show", "pdplan"), ("terminal to pdrun", "pdrun")]
+)
+def test_a_terminal_on_stdin_is_refused_with_a_hint(results: dict[str, Result], name: str, tool: str) -> None:
+    r = results[name]
+    assert r.code == 2
+    assert r.stderr.splitlines() == [
+        f"{tool}: error: expected a stage plan (pdplan.plan/1) on standard input, but it is a terminal: "
+        "pass a file, or pipe one in (e.g. `pdprof ... | pdplan ...`)"
+    ]
+
+
+# --- pdplan schema --------------------------------------------------------------------------
+
+
+def _valid_plan() -> dict[str, Any]:
+    plan = Plan(
+        graph_hash="sha256:" + "ab" * 32,
+        batch_size=32,
+        schedule="1f1b",
+        world_size=3,
+        stages=[
+            Stage(
+                layers=["input", "conv1"],
+                replicas=2,
+                ranks=[0, 1],
+                predicted=StagePrediction(compute_s=0.1, time_s=0.06),
+            ),
+            Stage(layers=["fc"], ranks=[2]),
+        ],
+    )
+    return json.loads(plan.model_dump_json())  # type: ignore[no-any-return]
+
+
+def _broken(change: str) -> dict[str, Any]:
+    plan = _valid_plan()
+    if change == "no stages":
+        del plan["stages"]
+    elif change == "empty stages":
+        plan["stages"] = []
+    elif change == "zero replicas":
+        plan["stages"][1]["replicas"] = 0
+    elif change == "negative compute":
+        plan["stages"][0]["predicted"]["compute_s"] = -1
+    elif change == "unknown schedule":
+        plan["schedule"] = "2bw-fast"
+    elif change == "typo field":
+        plan["stages"][0]["replica"] = 2
+    elif change == "bad hash":
+        plan["graph_hash"] = "md5:1234"
+    elif change == "other format":
+        plan["format"] = "pdplan.plan/2"
+    elif change == "string batch size":
+        plan["batch_size"] = "thirty-two"
+    elif change == "layer not a string":
+        plan["stages"][1]["layers"] = [3]
+    return plan
+
+
+@pytest.fixture(scope="module")
+def schema(results: dict[str, Result]) -> dict[str, Any]:
+    r = results["schema"]
+    assert r.code == 0 and r.stderr == ""
+    loaded: dict[str, Any] = json.loads(r.stdout)
+    jsonschema.Draft202012Validator.check_schema(loaded)
+    return loaded
+
+
+def test_schema_accepts_a_valid_plan(schema: dict[str, Any]) -> None:
+    assert schema["title"] == "pdplan.plan/1"
+    jsonschema.Draft202012Validator(schema).validate(_valid_plan())
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["no stages", "empty stages", "zero replicas", "negative compute", "unknown schedule", "typo field",
+     "bad hash", "other format", "string batch size", "layer not a string"],
+)  # fmt: skip
+def test_schema_rejects_a_broken_plan(schema: dict[str, Any], change: str) -> None:
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(_broken(change)))
+    assert errors, f"the schema accepted a plan with {change}"
