@@ -111,8 +111,8 @@ class Plan(Strict):
         for s, stage in enumerate(self.stages):
             if len(stage.ranks) != stage.replicas:
                 raise ValueError(
-                    f"stages[{s}].ranks: stage {s} has replicas={stage.replicas} "
-                    f"but {len(stage.ranks)} ranks {stage.ranks}"
+                    f"stages[{s}].ranks: stage {s} ({layer_span(stage.layers)}) has replicas={stage.replicas} "
+                    f"but {len(stage.ranks)} ranks {_short_list(stage.ranks)}; give one rank per replica"
                 )
             for layer in stage.layers:
                 if layer in owner:
@@ -122,15 +122,18 @@ class Plan(Strict):
             for rank in stage.ranks:
                 if not 0 <= rank < self.world_size:
                     raise ValueError(
-                        f"stages[{s}].ranks: rank {rank} is outside 0..{self.world_size - 1} "
-                        f"(world_size={self.world_size})"
+                        f"stages[{s}].ranks: rank {rank} of stage {s} ({layer_span(stage.layers)}) is outside "
+                        f"0..{self.world_size - 1} (world_size={self.world_size})"
                     )
                 if rank in rank_owner:
-                    raise ValueError(f"stages[{s}].ranks: rank {rank} also runs stage {rank_owner[rank]}")
+                    raise ValueError(
+                        f"stages[{s}].ranks: rank {rank} of stage {s} ({layer_span(stage.layers)}) "
+                        f"also runs stage {rank_owner[rank]}; a rank runs one stage"
+                    )
                 rank_owner[rank] = s
         if len(rank_owner) != self.world_size:
             # Lazily: world_size comes from the file and may be huge; the first few gaps are enough.
-            missing = list(itertools.islice((r for r in itertools.count() if r not in rank_owner), 3))
+            missing = list(itertools.islice((r for r in range(self.world_size) if r not in rank_owner), 3))
             more = " ..." if self.world_size - len(rank_owner) > len(missing) else ""
             raise ValueError(
                 f"world_size: {self.world_size} ranks, but the stages run {len(rank_owner)}; "
@@ -148,6 +151,17 @@ class Plan(Strict):
             if rank in stage.ranks:
                 return s, stage.ranks.index(rank)
         raise KeyError(rank)
+
+
+def layer_span(layers: list[str]) -> str:
+    """How messages name a stage's layers: ``layer 'fc'`` or ``layers 'conv1' .. 'fc' (7)``."""
+    if len(layers) == 1:
+        return f"layer {layers[0]!r}"
+    return f"layers {layers[0]!r} .. {layers[-1]!r} ({len(layers)})"
+
+
+def _short_list(items: list[int]) -> str:
+    return str(items) if len(items) <= 8 else f"[{', '.join(map(str, items[:8]))}, ...]"
 
 
 def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan", world_size: int | None = None) -> None:
