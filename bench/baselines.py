@@ -4,9 +4,10 @@ Every system trains the same model (same spec, arguments and seed) on the same d
 thread per process, gloo on 127.0.0.1, and one optimizer step covers the same global batch
 of ``microbatches x batch_size`` samples:
 
-- ``single``: one process, the whole model, one batch of the global size per step;
-- ``ddp``: ``world`` processes, each the whole model on its share of the global batch,
-  gradients all-reduced by ``DistributedDataParallel``;
+- ``single``: one process, the whole model, the step's microbatches one after the other with
+  their gradients accumulated (the loss is their mean: the flush schedules' arithmetic);
+- ``ddp``: ``world`` processes, each the whole model on its share of the step's microbatches,
+  gradients accumulated locally and all-reduced once per step by ``DistributedDataParallel``;
 - ``pipe-1f1b`` / ``pipe-gpipe``: one process per stage of the plan's split (the same
   ``nn.Module`` cut as pdrun's, see ``bench.stage_split``), ``Schedule1F1B`` or
   ``ScheduleGPipe`` over ``microbatches`` microbatches of ``batch_size``.
@@ -18,6 +19,7 @@ framework overhead), so a result says where the time goes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import socket
@@ -210,6 +212,7 @@ def _train_loop(
     for step in range(s.warmup):
         step_fn(step)
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     compute[0] = 0.0
     optimizer_s = 0.0
     losses: list[float] = []
@@ -260,12 +263,16 @@ def _run_single(s: Settings, rank: int, world: int) -> dict[str, Any]:
     compute = [0.0]
 
     def step(i: int) -> float:
+        # The same microbatches as the pipelines, their gradients accumulated: the loss is their mean.
         t0 = time.perf_counter()
         xb, yb = batch_at(x, y, order, i, s.microbatches)
-        loss = loss_fn(model(xb), yb)
-        loss.backward()
+        total = 0.0
+        for xm, ym in zip(torch.split(xb, s.batch_size), torch.split(yb, s.batch_size), strict=True):
+            loss = loss_fn(model(xm), ym) / s.microbatches
+            loss.backward()
+            total += float(loss.detach())
         compute[0] += time.perf_counter() - t0
-        return float(loss.detach())
+        return total
 
     return _train_loop(s, rank, world, step, opt, compute, model, max(1, order.per_epoch // s.microbatches))
 
@@ -283,20 +290,27 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     loss_fn = resolve_loss(s.loss)
     opt = torch.optim.SGD(ddp.parameters(), lr=s.lr, momentum=s.momentum)
-    if s.global_batch % world:
-        raise UserError(f"ddp: global batch {s.global_batch} is not divisible by {world} workers")
-    share = s.global_batch // world
+    if s.microbatches % world:
+        raise UserError(f"ddp: {s.microbatches} microbatches do not divide among {world} workers")
+    share = s.microbatches // world
     compute = [0.0]
 
     def step(i: int) -> float:
-        # Compute here includes the all-reduce DDP overlaps with backward.
+        # This rank's microbatches of the step, gradients accumulated locally and all-reduced once,
+        # with the last one. Compute here includes the all-reduce DDP overlaps with that backward.
         t0 = time.perf_counter()
         xb, yb = batch_at(x, y, order, i, s.microbatches)
-        xb, yb = xb[rank * share : (rank + 1) * share], yb[rank * share : (rank + 1) * share]
-        loss = loss_fn(ddp(xb), yb)
-        loss.backward()
+        mine = range(rank * share, (rank + 1) * share)
+        total = 0.0
+        for j in mine:
+            xm, ym = xb[j * s.batch_size : (j + 1) * s.batch_size], yb[j * s.batch_size : (j + 1) * s.batch_size]
+            sync = ddp.no_sync() if j != mine[-1] else contextlib.nullcontext()
+            with sync:
+                loss = loss_fn(ddp(xm), ym) / share
+                loss.backward()
+            total += float(loss.detach())
         compute[0] += time.perf_counter() - t0
-        return float(loss.detach())
+        return total
 
     epoch = max(1, order.per_epoch // s.microbatches)
     return _train_loop(s, rank, world, step, opt, compute, model if rank == 0 else None, epoch)

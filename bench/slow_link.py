@@ -64,4 +64,7 @@ def ddp_hook(bandwidth: float | None, world: int) -> Callable[[Any, Any], Any]:
         pay(2 * (world - 1) / world * tensor_bytes(bucket.buffer()), bandwidth)
         return allreduce_hook(state, bucket)
 
+    # DDP checks the hook's annotations; under postponed evaluation they would be strings.
+    bucket_type: Any = dist.GradBucket  # type: ignore[attr-defined]
+    hook.__annotations__ = {"state": object, "bucket": bucket_type, "return": torch.futures.Future[torch.Tensor]}
     return hook
