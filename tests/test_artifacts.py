@@ -417,3 +417,52 @@ def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
 def test_writing_into_a_missing_directory_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         atomic_write_bytes(tmp_path / "nope" / "out.json", b"{}")
+
+
+# --- the examples in docs/artifacts.md ------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "artifacts.md"
+
+
+def test_the_documented_examples_load(tmp_path: Path) -> None:
+    blocks = DOC.read_text().split("```json\n")[1:]
+    docs = [json.loads(block.split("```")[0]) for block in blocks]
+    assert [d["format"] for d in docs] == ["pdprof.graph/1", "pdplan.plan/1"]
+    graph_path, plan_path = tmp_path / "graph.json", tmp_path / "plan.json"
+    graph_path.write_text(json.dumps(docs[0]))
+    plan_path.write_text(json.dumps(docs[1]))
+    graph = load_graph(graph_path)
+    assert [n.id for n in graph.nodes] == ["input", "fc1", "fc2"]
+    plan = load_plan(plan_path)
+    assert [s.ranks for s in plan.stages] == [[0, 1], [2], [3]]
+
+
+@pytest.mark.parametrize(
+    ("edit", "line"),
+    [
+        (
+            lambda d: d["stages"][1].update(replicas=0),
+            "plan.json: stages[1].replicas: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (lambda d: d.update(colour=1), "plan.json: colour: unknown field (a typo?)"),
+    ],
+)
+def test_the_documented_error_lines_are_what_users_see(tmp_path: Path, edit: Any, line: str) -> None:
+    doc = json.loads(DOC.read_text().split("```json\n")[2].split("```")[0])
+    edit(doc)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError) as info:
+        load_plan(path)
+    assert str(info.value) == str(tmp_path / line)
+    assert line.split(": ", 1)[1] in DOC.read_text()  # the page shows the same message
+
+
+def test_nan_in_a_graph_is_named(tmp_path: Path) -> None:
+    data = _minimal_graph()
+    data["nodes"][0]["forward_ms"] = math.nan
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(data))  # Python writes NaN, as many JSON writers do
+    with pytest.raises(ArtifactError) as info:
+        load_graph(path)
+    assert str(info.value) == f"{path}: nodes[0].forward_ms: Input should be a finite number (got NaN)"
