@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -74,8 +75,8 @@ def test_splits_are_fixed_by_seed(name: str) -> None:
     other = resolve_dataset(f"zoo:{name}", {"split": "train", "seed": 1})
     assert len(a) == len(b) > len(val) > 0
 
-    def flat(sample: object) -> torch.Tensor:
-        x, y = sample  # type: ignore[misc]
+    def flat(sample: tuple[Any, torch.Tensor]) -> torch.Tensor:
+        x, y = sample
         parts = list(x) if isinstance(x, (tuple, list)) else [x]
         return torch.cat([p.reshape(-1).float() for p in [*parts, y]])
 

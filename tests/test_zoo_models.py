@@ -54,14 +54,20 @@ def test_parameter_counts_equal_torchvision(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(registry.models()))
-def test_traced_module_computes_what_the_model_computes(name: str) -> None:
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_traced_module_computes_what_the_model_computes(name: str, mode: str) -> None:
     torch.manual_seed(0)
-    model = resolve_model(f"zoo:{name}", registry.models()[name].defaults).eval()
+    args = dict(registry.models()[name].defaults)
+    if "dropout" in args:
+        args["dropout"] = 0.3  # so that training mode really draws dropout masks
+    model = resolve_model(f"zoo:{name}", args).train(mode == "train")
     inputs, _ = paired_batch(name)
-    traced = trace(model)
+    traced = trace(model)  # default options: leaf modules and functions
     assert any(layer.op == "call_module" for layer in traced.layers)
     with torch.no_grad():
+        torch.manual_seed(1)
         expected = model(*inputs)
+        torch.manual_seed(1)  # the same dropout masks, drawn in the same order
         got = traced.module(*inputs)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
