@@ -37,6 +37,7 @@ def parse_pipedream(text: str, source: str, batch_size: int = 1) -> LayerGraph:
     """Parse a PipeDream profile; ``batch_size`` records the batch it was profiled at (unknown: 1)."""
     nodes: list[Node] = []
     edges: list[Edge] = []
+    edge_lines: list[int] = []  # the line of each edge, for messages
     ids: set[str] = set()
     for lineno, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
@@ -47,6 +48,7 @@ def parse_pipedream(text: str, source: str, batch_size: int = 1) -> LayerGraph:
             if len(parts) != 2 or not all(parts):
                 raise ArtifactError(source, where, f"expected an edge '\\tnodeA -- nodeB', got {raw.strip()!r}")
             edges.append(Edge(source=parts[0], target=parts[1]))
+            edge_lines.append(lineno)
             continue
         head, sep, figures = raw.rpartition(" -- ")
         node_id, sep2, desc = head.partition(" -- ")
@@ -80,10 +82,12 @@ def parse_pipedream(text: str, source: str, batch_size: int = 1) -> LayerGraph:
     if not nodes:
         raise ArtifactError(source, "", "no nodes found (expected PipeDream's graph.txt format)")
     by_id = {n.id: n for n in nodes}
-    for i, edge in enumerate(edges):
+    for edge, lineno in zip(edges, edge_lines, strict=True):
         for end in (edge.source, edge.target):
             if end not in by_id:
-                raise ArtifactError(source, f"edge {i + 1}", f"unknown node {end!r}")
+                raise ArtifactError(
+                    source, f"line {lineno}", f"edge {edge.source!r} -- {edge.target!r}: unknown node {end!r}"
+                )
         edge.bytes = by_id[edge.source].activation_bytes
     from pydantic import ValidationError
 

@@ -210,7 +210,7 @@ FILES = [*USER_CODE, "missing.py", "a_directory.py", "sub/none.py"]
 ZOO = ["resmlp", "mnist_cnn", "resmpl", "RESMLP", "synthetic", "zz", "", "a b", "x\ny", "../resmlp"]
 ARG_KEYS = ["width", "depth", "in_features", "out_features", "classes", "channels", "size", "shape",
             "num_classes", "split", "seed", "bogus"]  # fmt: skip
-ARG_VALUES = st.integers(-3, 8) | st.sampled_from(["x", "val", None, [2], [-1], 1.5, True, {}])
+ARG_VALUES: st.SearchStrategy[Any] = st.integers(-3, 8) | st.sampled_from(["x", "val", None, [2], [-1], 1.5, True, {}])
 
 
 @st.composite
