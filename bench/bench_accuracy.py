@@ -136,7 +136,7 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve]]:
 
 def main(argv: list[str] | None = None) -> tuple[Report, list[Curve]]:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", default="bench/results/work")
+    parser.add_argument("--work", default="bench/out")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     work = Path(args.work)

@@ -13,7 +13,6 @@ Run alone: ``python -m bench.bench_runtime [--quick]``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -144,7 +143,6 @@ def bench(work: Path, cfg: Config) -> Report:
         report.add(Figure("planner's ideal efficiency for this plan", ideal, "", cmds[-1]))
         report.add(Figure("measured efficiency / planner's ideal", measured / ideal, "", best_pd["1f1b"][0],
                           target=">= 0.85", meets=check(measured / ideal, ">=", 0.85)))
-    (work / "runtime.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     return report
 
 
@@ -174,7 +172,7 @@ def _efficiency(plan: Plan, t: PdrunTiming) -> tuple[float, float] | None:
 
 def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", default="bench/results/work", help="where artifacts go")
+    parser.add_argument("--work", default="bench/out", help="where artifacts go")
     parser.add_argument("--quick", action="store_true", help="a few steps only (a smoke run)")
     args = parser.parse_args(argv)
     work = Path(args.work)

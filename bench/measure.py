@@ -16,6 +16,8 @@ from typing import Any
 
 import pandas as pd
 
+from shared.io import atomic_write_bytes
+
 
 @dataclass
 class Figure:
@@ -46,7 +48,8 @@ class Report:
         return figure
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2, default=_jsonable) + "\n")
+        text = json.dumps(asdict(self), indent=2, default=_jsonable) + "\n"
+        atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _jsonable(value: Any) -> Any:

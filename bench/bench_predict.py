@@ -1,0 +1,116 @@
+"""The planner's predicted time per minibatch against pdrun's measured one, for several plans.
+
+Each case profiles a model (``pdprof``), plans it (``pdplan``, 1F1B, the paper's cost model)
+and runs the plan (``pdrun``, 1F1B: one unit per step). Predicted: the plan's
+``predicted.time_per_minibatch_s`` (the bottleneck stage's time per minibatch). Measured:
+the steady-state wall time per unit, the steps after the warm-up on the slowest rank. The
+slow-link case runs with the link the plan assumes emulated (``bench.slow_link``), so the
+communication term of the prediction is put to the test too.
+
+Run alone: ``python -m bench.bench_predict [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import toolchain
+from bench.measure import Figure, Report, check, pdrun_timing
+from shared.plan import load_plan
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    data: str
+    batch_size: int
+    workers: int
+    bandwidth: float
+    straight: bool = True
+    emulate: bool = False  # run with the planned bandwidth emulated
+    model_args: dict[str, Any] = field(default_factory=dict)
+    data_args: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = (
+    Case("mnist_cnn, 1 worker", "zoo:mnist_cnn", "zoo:mnist5k", 64, 1, 1e9),
+    Case("mnist_cnn, 2 stages", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, 1e9),
+    Case("mnist_cnn, 2 stages, slow link (emulated)", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, 2e7, emulate=True),
+    Case("mnist_cnn, 2 workers, planner's choice", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, 1e9, straight=False),
+    Case("resmlp 512 wide, 2 stages", "zoo:resmlp", "zoo:synthetic", 128, 2, 1e9,
+         model_args={"width": 512, "depth": 4}, data_args={"size": 4096, "shape": [64]}),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 60
+    warmup: int = 10
+    cases: tuple[Case, ...] = CASES
+
+
+QUICK = Config(steps=6, warmup=2, cases=CASES[1:2])
+
+
+def measure(case: Case, cfg: Config, work: Path, index: int) -> dict[str, Any]:
+    graph, plan_path = work / f"predict-{index}-graph.json", work / f"predict-{index}-plan.json"
+    metrics = work / f"predict-{index}-run.parquet"
+    prof = toolchain.profile(graph, case.model, case.data, case.batch_size, case.model_args, case.data_args)
+    planned = toolchain.plan(graph, plan_path, case.workers, case.bandwidth, "1f1b", 1, straight=case.straight)
+    plan = load_plan(plan_path)
+    predicted = plan.predicted.time_per_minibatch_s if plan.predicted else math.nan
+    done, _ = toolchain.pdrun(
+        plan_path, metrics, steps=cfg.steps + cfg.warmup, extra=["--no-val", "-q"],
+        bandwidth=case.bandwidth if case.emulate else None,
+    )
+    t = pdrun_timing(metrics, cfg.warmup, plan.batch_size)
+    measured = t.seconds / t.steps  # 1F1B: one unit per step
+    shape = " | ".join(f"{len(st.layers)} layers x{st.replicas}" for st in plan.stages)
+    return {
+        "case": case.name,
+        "plan": shape,
+        "predicted_ms": predicted * 1000,
+        "measured_ms": measured * 1000,
+        "predicted_over_measured": predicted / measured if measured > 0 else math.nan,
+        "command": f"{prof.cmd} && {planned.cmd} && {done.cmd}",
+    }
+
+
+def bench(work: Path, cfg: Config) -> Report:
+    report = Report("predicted vs measured time per minibatch", "python -m bench.bench_predict")
+    report.notes.append(
+        f"pdrun 1F1B, {cfg.steps} timed steps after {cfg.warmup} warm-up steps; measured = the slowest rank's "
+        "wall time over the timed steps / units; predicted = the plan's predicted.time_per_minibatch_s"
+    )
+    rows = [measure(case, cfg, work, i) for i, case in enumerate(cfg.cases)]
+    report.tables["prediction"] = rows
+    for row in rows:
+        ratio = row["predicted_over_measured"]
+        report.add(Figure(
+            f"predicted / measured time per minibatch: {row['case']}", ratio, "", row["command"],
+            target="0.9 .. 1.1", meets=check(ratio, ">=", 0.9) and check(ratio, "<=", 1.1),
+        ))
+    return report
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--work", default="bench/out")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    report = bench(work, QUICK if args.quick else Config())
+    report.save(work / "bench_predict.json")
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

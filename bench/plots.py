@@ -1,0 +1,103 @@
+"""The benchmark plots (PNG under bench/results/), drawn from the benchmarks' tables only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt
+
+
+def _save(fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def throughput(rows: list[dict[str, Any]], path: Path) -> str:
+    """Samples/s of every system, pdrun's bars first."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    names = [r["system"] for r in rows]
+    values = [r["samples_per_s"] for r in rows]
+    colors = ["tab:blue" if n.startswith("pdrun") else "tab:gray" for n in names]
+    ax.barh(names[::-1], values[::-1], color=colors[::-1])
+    for i, v in enumerate(values[::-1]):
+        ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
+    ax.set_xlabel("samples/s (higher is better)")
+    ax.set_title("Training throughput, same model, split, microbatches and threads")
+    return _save(fig, path)
+
+
+def breakdown(rows: list[dict[str, Any]], path: Path) -> str:
+    """Per system and rank: compute against everything else (communication, waiting, overhead)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels, compute, other = [], [], []
+    for r in rows:
+        labels.append(f"{r['system']} r{r['rank']}")
+        c = float(r.get("compute_s") or 0.0)
+        compute.append(c)
+        other.append(max(0.0, float(r["total_s"]) - c))
+    ax.barh(labels[::-1], compute[::-1], color="tab:green", label="compute (fwd, bwd, loss/step)")
+    ax.barh(labels[::-1], other[::-1], left=compute[::-1], color="tab:orange", label="communication, waiting, overhead")
+    ax.set_xlabel("seconds over the timed steps")
+    ax.set_title("Where the time goes, per rank")
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def accuracy(rows: list[dict[str, Any]], target: float, path: Path) -> str:
+    """Validation accuracy against training time, one panel per link."""
+    links = sorted({r["link"] for r in rows})
+    fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.4), sharey=True, squeeze=False)
+    for ax, link in zip(axes[0], links, strict=True):
+        for system in sorted({r["system"] for r in rows}):
+            pts = [(r["train_s"], r["val_accuracy"]) for r in rows if r["link"] == link and r["system"] == system]
+            if pts:
+                ax.plot([0.0] + [p[0] for p in pts], [0.1] + [p[1] for p in pts], marker="o", label=system)
+        ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
+        ax.set_title(f"{link} link")
+        ax.set_xlabel("training seconds")
+    axes[0][0].set_ylabel("validation accuracy")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Time to accuracy, zoo:mnist_cnn on zoo:mnist5k")
+    return _save(fig, path)
+
+
+def prediction(rows: list[dict[str, Any]], path: Path) -> str:
+    """Predicted beside measured time per minibatch for each plan."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    names = [r["case"] for r in rows]
+    y = list(range(len(names)))
+    ax.barh([i + 0.2 for i in y], [r["predicted_ms"] for r in rows], height=0.4, label="predicted (pdplan)")
+    ax.barh([i - 0.2 for i in y], [r["measured_ms"] for r in rows], height=0.4, label="measured (pdrun)")
+    ax.set_yticks(y, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per minibatch")
+    ax.set_title("Planner's prediction against pdrun's measurement")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def planner_speed(rows: list[dict[str, Any]], path: Path) -> str | None:
+    """Planner wall time against graph size, when the planner benchmark reports rows with both."""
+    pts = [(float(r["nodes"]), float(r["seconds"])) for r in rows if _num(r.get("nodes")) and _num(r.get("seconds"))]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("layers in the graph")
+    ax.set_ylabel("planner seconds")
+    ax.set_title("Planner speed")
+    return _save(fig, path)
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))

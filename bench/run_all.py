@@ -1,0 +1,244 @@
+"""``make bench``: every benchmark in one run, then bench/RESULTS.md and the plots in bench/results/.
+
+Runs, in order: pdrun against the alternatives (``bench.bench_runtime``), the planner's
+prediction against pdrun's measurement (``bench.bench_predict``), time to accuracy
+(``bench.bench_accuracy``), and the planner's and profiler's own benchmarks
+(``bench.bench_planner``, ``bench.bench_profiler``) when they are present. A benchmark that
+fails is reported in RESULTS.md with its error; the others still run. Artifacts (graphs,
+plans, run metrics) go to ``bench/out/``.
+
+    python -m bench.run_all            # the full run (about 10-15 minutes on 2 CPU cores)
+    python -m bench.run_all --quick    # a few steps of everything: checks the harness, not the figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench import plots
+from bench.measure import Report
+from shared.cli import console
+from shared.io import atomic_write_bytes
+
+HERE = Path(__file__).resolve().parent
+RESULTS_MD = HERE / "RESULTS.md"
+PLOTS = HERE / "results"
+
+# The other benchmarks: how to run them within the time budget (their own command lines).
+EXTERNAL = {
+    "bench_planner": ["python", "-m", "bench.bench_planner"],
+    "bench_profiler": [
+        "python", "-m", "bench.bench_profiler", "--model", "zoo:mnist_cnn", "--data", "zoo:mnist5k",
+        "--data-arg", "split='train'", "--batch-size", "64",
+    ],
+}
+
+
+def _run_internal(name: str, fn: Callable[[], Report], log: list[str]) -> Report | None:
+    console.rule(f"[bold]{name}")
+    t0 = time.perf_counter()
+    try:
+        report = fn()
+    except Exception as exc:  # one benchmark's failure must not lose the others
+        log.append(f"- `{name}` failed after {time.perf_counter() - t0:.0f} s: {type(exc).__name__}: {exc}")
+        console.print(f"[red]{name} failed[/]: {exc}", markup=True)
+        if os.environ.get("PIPEDREAM_DEBUG") == "1":
+            traceback.print_exc()
+        return None
+    log.append(f"- `{name}`: {time.perf_counter() - t0:.0f} s")
+    return report
+
+
+def _run_external(name: str, cmd: list[str], timeout_s: float, log: list[str]) -> dict[str, Any] | None:
+    if importlib.util.find_spec(f"bench.{name}") is None:
+        log.append(f"- `{name}`: not present in this checkout, skipped")
+        return None
+    console.rule(f"[bold]{name}")
+    t0 = time.perf_counter()
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    try:
+        done = subprocess.run(
+            [sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        log.append(f"- `{name}` did not finish within {timeout_s:.0f} s")
+        return None
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-2:])
+        log.append(f"- `{name}` failed (exit status {done.returncode}) after {seconds:.0f} s: {tail}")
+        return None
+    log.append(f"- `{name}`: {seconds:.0f} s")
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        data = {"output": done.stdout.strip()[-2000:]}
+    return {"command": " ".join(cmd), "result": data}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value).replace("|", "\\|")
+
+
+def _table(rows: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list[str]:
+    if not rows:
+        return ["(no rows)"]
+    cols = [c for c in rows[0] if c not in skip]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return out
+
+
+def _figures(reports: list[Report]) -> list[str]:
+    out = ["| figure | value | target | met | reproduce with |", "|---|---|---|---|---|"]
+    for rep in reports:
+        for f in rep.figures:
+            met = "-" if f.meets is None else ("yes" if f.meets else "**no**")
+            value = f"{_fmt(f.value)}{f.unit}"
+            out.append(f"| {f.name} | {value} | {f.target or '-'} | {met} | `{f.command}` |")
+    return out
+
+
+def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        return [kv for k, v in data.items() for kv in _flatten(v, f"{prefix}{k}.")]
+    if isinstance(data, list):
+        if data and all(isinstance(x, dict) for x in data):
+            return [(prefix.rstrip("."), f"{len(data)} rows (see the table below)")]
+        return [(prefix.rstrip("."), data)]
+    return [(prefix.rstrip("."), data)]
+
+
+def _external_section(name: str, ext: dict[str, Any] | None) -> list[str]:
+    if ext is None:
+        return []
+    out = [f"## {name}", "", f"Reproduce: `{ext['command']}`", ""]
+    result = ext["result"]
+    out += ["| field | value |", "|---|---|"]
+    out += [f"| {k} | {_fmt(v)} |" for k, v in _flatten(result) if not isinstance(v, (dict,))]
+    if isinstance(result, dict):
+        for key, value in result.items():
+            if isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+                out += ["", f"{key}:", "", *_table(value)]
+    return [*out, ""]
+
+
+def write_results(
+    reports: dict[str, Report | None], external: dict[str, dict[str, Any] | None], log: list[str],
+    plot_files: dict[str, str], quick: bool, seconds: float,
+) -> str:
+    done = [r for r in reports.values() if r is not None]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `make bench` (`python -m bench.run_all{' --quick' if quick else ''}`) on "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds / 60:.1f} minutes: {platform.machine()}, "
+        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {_torch_version()}. Every figure "
+        "is a ratio or a value measured side by side in this one run; the command after each reproduces it. "
+        "How each is measured, and how the slow link is emulated: docs/benchmarks.md.",
+        "",
+    ]
+    if quick:
+        lines += ["**A `--quick` run: a few steps of each benchmark. These numbers check the harness; they are "
+                  "not the figures.**", ""]
+    lines += ["## The figures", "", *_figures(done), ""]
+    for key, rep in reports.items():
+        if rep is None:
+            continue
+        lines += [f"## {rep.title}", "", f"Reproduce: `{rep.command}`", ""]
+        lines += [f"{n}" for n in rep.notes] + [""]
+        for name, rows in rep.tables.items():
+            if name == "curves":
+                continue
+            lines += [f"{name.replace('_', ' ')}:", "", *_table(rows), ""]
+        for plot in rep.plots:
+            lines += [f"![{key}](results/{plot})", ""]
+    for name, ext in external.items():
+        lines += _external_section(name, ext)
+    if "planner" in plot_files:
+        lines += [f"![planner speed](results/{plot_files['planner']})", ""]
+    lines += ["## The run", "", *log, ""]
+    return "\n".join(lines)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the harness)")
+    parser.add_argument("--work", default="bench/out", help="where artifacts go")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these: runtime predict accuracy planner profiler")
+    args = parser.parse_args(argv)
+    from bench import bench_accuracy, bench_predict, bench_runtime
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    wanted = set(args.only or ["runtime", "predict", "accuracy", "planner", "profiler"])
+    quick = ["--quick"] if args.quick else []
+    t0 = time.perf_counter()
+    log: list[str] = []
+    reports: dict[str, Report | None] = {}
+    plot_files: dict[str, str] = {}
+
+    if "runtime" in wanted:
+        rep = _run_internal("bench_runtime", lambda: bench_runtime.main(["--work", str(work), *quick]), log)
+        if rep is not None:
+            rep.plots.append(plots.throughput(rep.tables["throughput"], PLOTS / "throughput.png"))
+            rep.plots.append(plots.breakdown(rep.tables["where_time_goes"], PLOTS / "where_time_goes.png"))
+        reports["runtime"] = rep
+    if "predict" in wanted:
+        rep = _run_internal("bench_predict", lambda: bench_predict.main(["--work", str(work), *quick]), log)
+        if rep is not None:
+            rep.plots.append(plots.prediction(rep.tables["prediction"], PLOTS / "prediction.png"))
+        reports["predict"] = rep
+    if "accuracy" in wanted:
+        acc = _run_internal("bench_accuracy", lambda: bench_accuracy.main(["--work", str(work), *quick])[0], log)
+        if acc is not None:
+            cfg = bench_accuracy.QUICK if args.quick else bench_accuracy.Config()
+            acc.plots.append(plots.accuracy(acc.tables["curves"], cfg.target, PLOTS / "time_to_accuracy.png"))
+        reports["accuracy"] = acc
+    external: dict[str, dict[str, Any] | None] = {}
+    for name, cmd in EXTERNAL.items():
+        if name.removeprefix("bench_") in wanted:
+            external[name] = _run_external(name, cmd, 120 if args.quick else 300, log)
+    planner = external.get("bench_planner")
+    if planner is not None and isinstance(planner["result"], dict):
+        rows = next((v for v in planner["result"].values() if isinstance(v, list)), [])
+        made = plots.planner_speed([r for r in rows if isinstance(r, dict)], PLOTS / "planner_speed.png")
+        if made:
+            plot_files["planner"] = made
+
+    seconds = time.perf_counter() - t0
+    text = write_results(reports, external, log, plot_files, args.quick, seconds)
+    atomic_write_bytes(RESULTS_MD, text.encode("utf-8"))
+    console.print(f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
+                  f"plots in {os.path.relpath(PLOTS)}/")
+    failed = [line for line in log if "failed" in line or "did not finish" in line]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
