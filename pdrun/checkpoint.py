@@ -21,7 +21,7 @@ def path_of(directory: str, stage: int) -> Path:
     return Path(directory) / f"stage{stage}.pt"
 
 
-def save(directory: str, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer, units: int, graph_hash: str) -> None:
+def save(directory: str, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer | None, units: int, graph_hash: str) -> None:
     """Write stage ``stage``'s state after ``units`` units."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     state = {
@@ -29,22 +29,28 @@ def save(directory: str, stage: int, module: nn.Module, optimizer: torch.optim.O
         "units": units,
         "graph_hash": graph_hash,
         "model": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else {},
     }
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(path_of(directory, stage), buf.getvalue())
 
 
-def load(directory: str, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> int:
+def load(
+    directory: str, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device,
+    graph_hash: str,
+) -> int:
     """Restore stage ``stage`` from ``directory``; returns the units already trained (0 without a checkpoint)."""
     path = path_of(directory, stage)
     if not path.is_file():
         return 0
     try:
         state = torch.load(path, map_location=device, weights_only=True)
+        if state.get("graph_hash") != graph_hash:
+            raise ArtifactError(str(path), "graph_hash", f"a checkpoint of another model, expected {graph_hash[:19]}...")
         module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
         return int(state["units"])
     except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

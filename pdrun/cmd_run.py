@@ -22,6 +22,8 @@ from shared.plan import SCHEDULES, load_plan
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the data order.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
 @click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate.")
+@click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
+              help="cosine: decay the learning rate to 0 over the run.")
 @click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="Override the plan's schedule.")
@@ -43,7 +45,8 @@ from shared.plan import SCHEDULES, load_plan
 @click.option("--nproc-per-node", type=click.IntRange(min=1), help="Workers on this machine (default: world size / nnodes).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def run(
-    plan: str, steps: int | None, epochs: int | None, seed: int, optimizer: str, lr: float, momentum: float,
+    plan: str, steps: int | None, epochs: int | None, seed: int, optimizer: str, lr: float, lr_schedule: str,
+    momentum: float,
     weight_decay: float, schedule: str | None, microbatches: int | None, vertical_sync: bool | None, device: str,
     dtype: str, timeout_s: float, threads: int, no_val: bool, metrics_path: str | None, trace_path: str | None,
     checkpoint_dir: str | None, resume: bool, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
@@ -57,6 +60,7 @@ def run(
     p = load_plan(plan)
     cfg = RunConfig(
         steps=steps, epochs=epochs, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,  # type: ignore[arg-type]
+        lr_schedule=lr_schedule,  # type: ignore[arg-type]
         weight_decay=weight_decay, schedule=schedule, microbatches=microbatches, vertical_sync=vertical_sync,
         device=device, dtype=dtype, timeout_s=timeout_s, threads=threads, validate=not no_val,  # type: ignore[arg-type]
         metrics=metrics_path, trace=trace_path, checkpoint_dir=checkpoint_dir, resume=resume, progress=not quiet,

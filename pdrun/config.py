@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +19,7 @@ class RunConfig:
     seed: int = 0
     optimizer: Optimizer = "sgd"
     lr: float = 0.01
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: lr * (1 + cos(pi * step / steps)) / 2
     momentum: float = 0.0
     weight_decay: float = 0.0
     schedule: str | None = None  # overrides the plan's
@@ -38,6 +40,8 @@ class RunConfig:
     record: bool = False
     progress: bool = False  # rich progress bar on stderr (rank 0 of the last stage)
 
-    @property
-    def torch_dtype_name(self) -> str:
-        return self.dtype
+    def lr_at(self, step: int, total: int) -> float:
+        """The learning rate of optimizer step ``step`` out of ``total``."""
+        if self.lr_schedule == "cosine" and total > 0:
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+        return self.lr

@@ -22,12 +22,17 @@ from shared.spec import RunSpec
 class Units:
     """A dataset cut into units of ``batch_size`` samples, shuffled per epoch."""
 
-    def __init__(self, dataset: Any, batch_size: int, seed: int, shuffle: bool = True, name: str = "dataset") -> None:
+    def __init__(
+        self, dataset: Any, batch_size: int, seed: int, shuffle: bool = True, name: str = "dataset", pad: bool = False
+    ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
-        self.per_epoch = len(dataset) // batch_size
+        # pad (validation): keep the last partial batch, filled up with the epoch's first samples so that
+        # every message keeps its known shape; ``real`` says how many of its samples count.
+        self.pad = pad
+        self.per_epoch = -(-len(dataset) // batch_size) if pad else len(dataset) // batch_size
         if self.per_epoch < 1:
             raise UserError(f"{name}: {len(dataset)} samples, fewer than one batch of {batch_size}")
         self._order: tuple[int, torch.Tensor] | None = None
@@ -41,7 +46,15 @@ class Units:
                 self._order = (epoch, torch.randperm(n, generator=g))
             else:
                 self._order = (epoch, torch.arange(n))
+        if self.pad:
+            span = torch.arange(b * self.batch_size, (b + 1) * self.batch_size) % len(self.dataset)
+            return self._order[1][span]
         return self._order[1][b * self.batch_size : (b + 1) * self.batch_size]
+
+    def real(self, unit: int) -> int:
+        """How many of ``unit``'s samples are real (fewer than the batch only in a padded last batch)."""
+        b = unit % self.per_epoch
+        return min(self.batch_size, len(self.dataset) - b * self.batch_size)
 
     def batch(self, unit: int) -> tuple[tuple[Any, ...], Any]:
         """(model inputs as a tuple, target) of ``unit``."""

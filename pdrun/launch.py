@@ -10,8 +10,12 @@ one worker. The first worker failure is reported with its rank.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,13 +102,33 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
     if config.start_method == "fork":
         # Creating an optimizer imports torch._dynamo (seconds); do it once here, not in every worker.
         import torch._dynamo  # noqa: F401
-    with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir:
+    with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher():
         try:
             out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), cfg, errdir)
         except ChildFailedError as exc:
             raise _first_failure(Path(errdir), exc) from None
     result = out.get(0)
     return list(result) if result is not None else None
+
+
+@contextmanager
+def _quiet_launcher() -> Iterator[None]:
+    """The launcher logs each failure as a traceback; we report it as one line (tracebacks under --debug)."""
+    if os.environ.get("PIPEDREAM_DEBUG") == "1":
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _LAUNCHER_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+_LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
 def _first_failure(errdir: Path, exc: Exception) -> PDError:

@@ -108,7 +108,7 @@ def value_specs(plan: Plan, cfg: RunConfig, part: Partition, traced: Any, sample
     return {n: spec_of(values[n]) for n in crossing}
 
 
-def train(env: DistEnv, plan: Plan, cfg: RunConfig) -> list[WorkerResult] | None:
+def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -> list[WorkerResult] | None:
     """The whole life of one worker; returns every rank's result on rank 0, None elsewhere."""
     t_start = time.perf_counter()
     plan = effective_plan(plan, cfg)
@@ -125,6 +125,10 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig) -> list[WorkerResult] | None
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s))
     try:
         return _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
+    except BaseException as exc:
+        # Record before tearing down: once our peers see the group close, the launcher kills us.
+        record_failure(errdir, env.rank, exc)
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -157,8 +161,10 @@ def _train(
     stash = plan.schedule == "1f1b" and cfg.stash
     versions = WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
     params = list(versions.live.values())
-    optimizer: torch.optim.Optimizer
-    if cfg.optimizer == "adam":
+    optimizer: torch.optim.Optimizer | None
+    if not params:
+        optimizer = None  # a stage of pooling and activations: nothing to update
+    elif cfg.optimizer == "adam":
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
@@ -172,12 +178,16 @@ def _train(
     )
     base = 0
     if cfg.resume and cfg.checkpoint_dir:
-        base = checkpoint.load(cfg.checkpoint_dir, s, stage.module, optimizer, device)
+        base = checkpoint.load(cfg.checkpoint_dir, s, stage.module, optimizer, device, plan.graph_hash)
         worker.steps = base // segs.units_per_step
         versions.latest = worker.steps
-    val_units = Units(val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}") if (
-        val_set is not None and cfg.validate and len(val_set) >= plan.batch_size
-    ) else None
+    total_steps = worker.steps + sum(segs.lengths) // segs.units_per_step
+    worker.lr_at = lambda step: cfg.lr_at(step, total_steps)
+    val_units = (
+        Units(val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}", pad=True)
+        if val_set is not None and cfg.validate
+        else None
+    )
     replicas = [st.replicas for st in plan.stages]
     progress = _Progress(cfg, stage.has_output and replica == 0, sum(segs.lengths) // segs.units_per_step)
     worker.on_step = progress.step
@@ -268,14 +278,25 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     env = DistEnv.from_environ()
     try:
         plan = Plan.model_validate_json(plan_json)
-        return train(env, plan, replace(cfg))
+        return train(env, plan, replace(cfg), errdir)
     except BaseException as exc:
-        if errdir is not None:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            record = {
-                "rank": env.rank, "time": time.time(), "type": type(exc).__name__, "message": first,
-                "user": isinstance(exc, UserError), "ours": isinstance(exc, PDError),
-                "traceback": traceback.format_exc() if os.environ.get("PIPEDREAM_DEBUG") == "1" else "",
-            }
-            Path(errdir, f"rank{env.rank}.json").write_text(json.dumps(record))
+        record_failure(errdir, env.rank, exc)
         raise
+
+
+def record_failure(errdir: str | None, rank: int, exc: BaseException) -> None:
+    """Write this rank's first error where the launcher reads it (once: the first error is the cause)."""
+    if errdir is None:
+        return
+    path = Path(errdir, f"rank{rank}.json")
+    if path.exists():
+        return
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    record = {
+        "rank": rank, "time": time.time(), "type": type(exc).__name__, "message": first,
+        "user": isinstance(exc, UserError), "ours": isinstance(exc, PDError),
+        "traceback": traceback.format_exc() if os.environ.get("PIPEDREAM_DEBUG") == "1" else "",
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)

@@ -79,7 +79,7 @@ class Worker:
         peers: Peers,
         units: Units,
         loss_fn: Callable[[Any, Any], torch.Tensor],
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         versions: WeightVersions,
         comm: Comm,
         group: Any,
@@ -90,6 +90,7 @@ class Worker:
         vertical_sync: bool,
         record: bool,
         recompute: bool = False,
+        lr_at: Callable[[int], float] | None = None,
     ) -> None:
         self.rank = rank
         self.stage = stage
@@ -110,6 +111,7 @@ class Worker:
         self.average_replicas = average_replicas
         self.vertical_sync = vertical_sync
         self.record = record
+        self.lr_at = lr_at
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         self.base = 0  # global index of the current program's unit 0
         self.inflight: dict[int, UnitState] = {}
@@ -237,6 +239,8 @@ class Worker:
 
     def allreduce(self, ins: Instr) -> None:
         params = [p for p in self.versions.live.values() if p.requires_grad]
+        if not params:
+            return  # every replica of this stage has none: no collective to join
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -253,8 +257,13 @@ class Worker:
 
     def step(self, ins: Instr) -> None:
         self.versions.before_step()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            if self.lr_at is not None:
+                lr = self.lr_at(self.steps)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.versions.stepped()
         self._close_step()
 
@@ -334,6 +343,7 @@ class Worker:
         """Forward-only pass over ``units`` through the pipeline: (loss sum, correct, samples) on the last stage."""
         loss_sum, correct, count = 0.0, 0, 0
         n = len(self.peers.ranks[self.s])
+        self.stage.module.eval()  # dropout off, BatchNorm on its running statistics
         for v in range(units.per_epoch):
             if v % n != self.replica:
                 continue
@@ -350,12 +360,23 @@ class Worker:
                     tensors = [encode(sent[x], self.specs[x], self.device) for x in names]
                     self.comm.send([self.comm.header(v, 0), *tensors], self.peers.of_unit(b, v), TAG_VAL)
                 if self.stage.has_output:
-                    target = to_device(target, self.device, self.dtype)
-                    loss_sum += float(self.loss_fn(output, target)) * len(target)
+                    real = units.real(v)
+                    output, target = _head(output, real), to_device(target, self.device, self.dtype)[:real]
+                    loss_sum += float(self.loss_fn(output, target)) * real
                     correct += _correct(output, target)
-                    count += len(target)
+                    count += real
         self.comm.drain()
+        self.stage.module.train()
         return loss_sum, correct, count
+
+
+def _head(output: Any, n: int) -> Any:
+    """The first ``n`` samples of a model output (a tensor or a tuple of them)."""
+    if isinstance(output, torch.Tensor):
+        return output[:n]
+    if isinstance(output, (tuple, list)):
+        return type(output)(_head(o, n) for o in output)
+    return output
 
 
 def _correct(output: Any, target: torch.Tensor) -> int:

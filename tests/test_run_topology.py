@@ -11,6 +11,7 @@ from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.partition import partition
 from pdrun.plans import cut_plan, traced_for
+from shared.resolve import resolve_dataset
 from shared.spec import RunSpec
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
 
@@ -85,5 +86,5 @@ def test_skip_connection_across_stages_goes_straight_to_its_consumer(tmp_path: P
     assert_same(pipeline_params(results), want, 1e-6)
     # Validation ran through the pipeline: the last stage counted every full batch of the validation split.
     last = next(r for r in results if r.stage == 2)
-    assert last.validation and last.validation[0]["count"] == (360 // 16) * 16
+    assert last.validation and last.validation[0]["count"] == len(resolve_dataset("zoo:digits", {"split": "val"}))
     assert last.validation[0]["correct"] > 0.3 * last.validation[0]["count"]
