@@ -23,9 +23,11 @@ def check_split(split: str) -> None:
 
 def sample_generator(seed: int, split: str, index: int) -> torch.Generator:
     """The generator for one sample: distinct for every (seed, split, index), the same on every run."""
-    # Interleave the three integers into one 63-bit seed; the splits never share a stream.
-    stream = (seed * 2 + SPLITS.index(split)) * 1_000_003 + index
-    return torch.Generator().manual_seed(stream % (2**63))
+    # torch's CPU generator keeps only the low 32 bits of a seed, so (seed, split) must not sit above them.
+    # Offsetting the index by a multiple of the golden-ratio constant keeps the samples of one (seed, split)
+    # distinct and spreads the (seed, split) pairs evenly over the 2**32 streams, far apart for small seeds.
+    stream = index + (seed * 2 + SPLITS.index(split)) * 0x9E3779B1
+    return torch.Generator().manual_seed(stream % 2**32)
 
 
 class SyntheticDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
