@@ -82,6 +82,9 @@ class Prediction(Strict):
     data_parallel_communication_bytes_per_sample: float | None = Field(default=None, ge=0)
     speedup_over_data_parallel: float | None = Field(default=None, ge=0)
     states: int | None = Field(default=None, ge=0, description="DP states explored")
+    search: str | None = Field(
+        default=None, description="states searched: antichain (all), compressed, prefix or coarse-prefix"
+    )
     solve_s: float | None = Field(default=None, ge=0, description="planner wall time")
 
 

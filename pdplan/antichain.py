@@ -1,0 +1,249 @@
+"""The DP's states: antichains of the layer DAG, each standing for the downset it closes.
+
+PipeDream (Narayanan et al., SOSP 2019, section 3.1 and the optimizer in its repository)
+generates the states from the antichain of the first source by repeatedly advancing one
+node of the *augmented* antichain to one of its successors. In terms of downsets that
+move is: ``D -> D | ancestors*(s)`` for any node ``s`` outside ``D`` with a predecessor
+inside ``D``, so we enumerate downsets as Python integers (one bit per node) with a
+breadth-first search, carrying each state's maximal elements and sums incrementally
+(no per-state pass over the graph). State ``k`` precedes state ``j`` in the antichain DAG
+exactly when ``D_k`` is a proper subset of ``D_j``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pdplan.problem import Problem, compress_series
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+@dataclass
+class StateSpace:
+    """States sorted so that subsets come first; per-state sums; the precedence pairs."""
+
+    masks: list[int]  # downset of each state
+    compute_s: FloatArray  # C[j]: sum of (forward + backward) / 1000 over the downset
+    parameter_bytes: FloatArray  # P[j]
+    activation_bytes: FloatArray  # A[j]
+    output_bytes: FloatArray  # O[j]: activations of the augmented antichain (the cut)
+    pair_k: IntArray  # every (k, j) with D_k a proper subset of D_j, grouped by j ascending
+    pair_j: IntArray
+    pair_start: IntArray  # pairs of j are pair_start[j]:pair_start[j + 1]
+    search: str  # "antichain", "compressed" (antichains of the series-compressed DAG) or "prefix"
+
+    @property
+    def size(self) -> int:
+        return len(self.masks)
+
+    @property
+    def last(self) -> int:
+        return len(self.masks) - 1
+
+    def below(self, s: int) -> NDArray[np.bool_]:
+        """Boolean mask over states: ``D_k`` a proper superset of ``D_s`` (k after s)."""
+        sub = self.masks[s]
+        return np.fromiter(((m & sub) == sub and m != sub for m in self.masks), dtype=bool, count=self.size)
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def _leaks(problem: Problem, anc: list[int], succ: list[int]) -> list[int]:
+    """For node x: its ancestors with an edge leaving x's downset (they join x's augmented antichain)."""
+    out = []
+    for x in range(problem.size):
+        inside = anc[x]
+        leak = 0
+        for p in _bits(inside & ~(1 << x)):
+            if succ[p] & ~inside:
+                leak |= 1 << p
+        out.append(leak)
+    return out
+
+
+def enumerate_downsets(problem: Problem, max_states: int) -> tuple[list[int], list[int], list[tuple[int, int]]] | None:
+    """Reachable downsets, their maximal elements and the moves between them; None past ``max_states``."""
+    anc = problem.ancestor_masks()
+    succ = problem.successor_masks()
+    start = anc[problem.first_source]
+    index = {start: 0}
+    masks = [start]
+    maxima = [1 << problem.first_source]
+    frontier = [0]
+    fr = 0
+    for v in _bits(start):
+        fr |= succ[v]
+    frontier[0] = fr & ~start
+    moves: list[tuple[int, int]] = []
+    q = 0
+    while q < len(masks):
+        d, top, fr = masks[q], maxima[q], frontier[q]
+        for s in _bits(fr):
+            d2 = d | anc[s]
+            j = index.get(d2)
+            if j is None:
+                if len(masks) >= max_states:
+                    return None
+                j = len(masks)
+                index[d2] = j
+                masks.append(d2)
+                maxima.append((top & ~anc[s]) | (1 << s))
+                f2 = fr
+                for v in _bits(d2 & ~d):
+                    f2 |= succ[v]
+                frontier.append(f2 & ~d2)
+            moves.append((q, j))
+        q += 1
+    return masks, maxima, moves
+
+
+def prefix_downsets(problem: Problem) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """The prefixes of the topological order (from the first source on) as the only states."""
+    anc = problem.ancestor_masks()
+    succ = problem.successor_masks()
+    masks = [anc[problem.first_source]]
+    for v in range(problem.size):
+        if not masks[-1] >> v & 1:
+            masks.append(masks[-1] | anc[v])
+    maxima = []
+    for d in masks:
+        maxima.append(sum(1 << v for v in _bits(d) if not succ[v] & d))
+    return masks, maxima, [(i, i + 1) for i in range(len(masks) - 1)]
+
+
+def build_space(problem: Problem, max_states: int, max_pairs: int) -> tuple[Problem, StateSpace]:
+    """All antichain states when they fit in the limits; else those of the series-compressed DAG;
+    else the prefixes of a topological order. Returns the problem the states are over."""
+    found = _fitting(problem, max_states, max_pairs)
+    if found is not None:
+        return problem, _space(problem, *found, "antichain")
+    small = compress_series(problem)
+    found = _fitting(small, max_states, max_pairs)
+    if found is not None:
+        return small, _space(small, *found, "compressed")
+    return problem, _space(problem, *prefix_downsets(problem), "prefix")
+
+
+def _fitting(
+    problem: Problem, max_states: int, max_pairs: int
+) -> tuple[list[int], list[int], list[tuple[int, int]]] | None:
+    found = enumerate_downsets(problem, max_states)
+    if found is None or _pair_estimate(found[0]) > max_pairs:
+        return None
+    return found
+
+
+def _pair_estimate(masks: list[int]) -> int:
+    # An upper bound is enough to refuse: at most every pair of states is ordered.
+    return len(masks) * (len(masks) - 1) // 2
+
+
+def coarse_prefix_space(problem: Problem, keep: int) -> StateSpace:
+    """At most ``keep`` prefixes of a topological order, evenly spaced in compute, the last included.
+
+    For deep hierarchies on long graphs, where solving every range at every inner level
+    (cubic in the states) would take too long: a restricted, still valid search.
+    """
+    masks, maxima, _ = prefix_downsets(problem)
+    comp = np.array(problem.compute_s)
+    totals = np.array([float(comp[_as_bool(d, problem.size)].sum()) for d in masks])
+    if len(masks) > keep:
+        targets = np.linspace(0.0, totals[-1], keep)
+        picked = sorted(set(np.searchsorted(totals, targets[1:], side="left").tolist()) | {len(masks) - 1})
+        masks = [masks[i] for i in picked]
+        maxima = [maxima[i] for i in picked]
+    return _space(problem, masks, maxima, [(i, i + 1) for i in range(len(masks) - 1)], "coarse-prefix")
+
+
+def _space(
+    problem: Problem, masks: list[int], maxima: list[int], moves: list[tuple[int, int]], search: str
+) -> StateSpace:
+    anc = problem.ancestor_masks()
+    succ = problem.successor_masks()
+    leak = _leaks(problem, anc, succ)
+    order = sorted(range(len(masks)), key=lambda i: (masks[i].bit_count(), i))
+    rank = {old: new for new, old in enumerate(order)}
+    masks = [masks[i] for i in order]
+    maxima = [maxima[i] for i in order]
+    comp = np.array(problem.compute_s, dtype=np.float64)
+    par = np.array(problem.parameter_bytes, dtype=np.float64)
+    act = np.array(problem.activation_bytes, dtype=np.float64)
+    out = np.array(problem.outputs(), dtype=np.float64)
+    n, size = problem.size, len(masks)
+    c_sum = np.empty(size)
+    p_sum = np.empty(size)
+    a_sum = np.empty(size)
+    o_sum = np.empty(size)
+    for j, (d, top) in enumerate(zip(masks, maxima, strict=True)):
+        member = _as_bool(d, n)
+        c_sum[j] = float(comp[member].sum())
+        p_sum[j] = float(par[member].sum())
+        a_sum[j] = float(act[member].sum())
+        aug = top
+        for x in _bits(top):
+            aug |= leak[x]
+        o_sum[j] = float(out[_as_bool(aug, n)].sum())
+    # Precedence: k before j when D_k is a proper subset of D_j; along the moves, as state bit sets.
+    preds: list[list[int]] = [[] for _ in range(size)]
+    for a, b in moves:
+        preds[rank[b]].append(rank[a])
+    below: list[int] = [0] * size
+    ks: list[NDArray[np.int64]] = []
+    for j in range(size):
+        acc = 0
+        for p in preds[j]:
+            acc |= below[p] | (1 << p)
+        below[j] = acc
+        ks.append(_bit_indices(acc, size))
+    counts = np.array([len(k) for k in ks], dtype=np.int64)
+    pair_start = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(counts, out=pair_start[1:])
+    pair_k = np.concatenate(ks) if ks else np.zeros(0, dtype=np.int64)
+    pair_j = np.repeat(np.arange(size, dtype=np.int64), counts)
+    return StateSpace(
+        masks=masks,
+        compute_s=c_sum,
+        parameter_bytes=p_sum,
+        activation_bytes=a_sum,
+        output_bytes=o_sum,
+        pair_k=pair_k.astype(np.int64),
+        pair_j=pair_j,
+        pair_start=pair_start,
+        search=search,
+    )
+
+
+def _as_bool(mask: int, n: int) -> NDArray[np.bool_]:
+    raw = np.frombuffer(mask.to_bytes((n + 7) // 8 or 1, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+def _bit_indices(mask: int, n: int) -> NDArray[np.int64]:
+    if not mask:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(_as_bool(mask, n)).astype(np.int64)
+
+
+def cut_bytes(problem: Problem, downset: int) -> float:
+    """O of a downset: the output bytes of its augmented antichain (what crosses the cut)."""
+    anc = problem.ancestor_masks()
+    succ = problem.successor_masks()
+    leak = _leaks(problem, anc, succ)
+    top = sum(1 << v for v in _bits(downset) if not succ[v] & downset)
+    aug = top
+    for x in _bits(top):
+        aug |= leak[x]
+    out = problem.outputs()
+    return float(sum(out[v] for v in _bits(aug)))

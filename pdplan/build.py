@@ -1,0 +1,182 @@
+"""From a layer graph and a cluster to a stage plan: the one library call behind ``pdplan``.
+
+Pure: it takes the graph and a frozen config and returns a ``Plan``; it reads no files and
+prints nothing. Every graph node lands in exactly one stage: the DP's nodes by their state
+ranges, model inputs in stage 0, dropped tuple-indexing sinks beside their producer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from pdplan.antichain import StateSpace, build_space, coarse_prefix_space
+from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
+from pdplan.hierarchy import plan_levels
+from pdplan.partition import LevelSpec
+from pdplan.problem import Problem, prepare
+from shared.errors import PlanError, UserError
+from shared.graph import LayerGraph
+from shared.plan import Cluster, Level, Plan, Prediction, Schedule, Stage, StagePrediction
+
+COST_MODELS = ("pipedream",)
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What ``pdplan`` was asked for."""
+
+    workers: tuple[int, ...]
+    bandwidths: tuple[float, ...]
+    memory: float | None = None
+    straight: bool = False
+    schedule: Schedule = "1f1b"
+    microbatches: int | None = None
+    cost_model: str = "pipedream"
+    max_states: int = 200_000
+    max_pairs: int = 4_000_000
+    # Hierarchies solve every range at every inner level (cubic in the states).
+    max_range_work: float = 3e8
+
+    def levels(self) -> list[Level]:
+        if len(self.workers) != len(self.bandwidths):
+            raise UserError(
+                f"--workers has {len(self.workers)} level(s) but --bandwidth has {len(self.bandwidths)}; "
+                "give one bandwidth per level, innermost first (e.g. --workers 4,2 --bandwidth 1e10,1e9)"
+            )
+        if self.cost_model not in COST_MODELS:
+            raise UserError(f"--cost-model: unknown {self.cost_model!r}; expected one of {', '.join(COST_MODELS)}")
+        for w in self.workers:
+            if w < 1:
+                raise UserError(f"--workers: every level needs at least 1 worker, got {w}")
+        for b in self.bandwidths:
+            if not b > 0 or math.isinf(b):
+                raise UserError(f"--bandwidth: expected a positive finite number of bytes/s, got {b}")
+        if self.memory is not None and not self.memory > 0:
+            raise UserError(f"--memory: expected a positive number of bytes, got {self.memory}")
+        return [Level(workers=w, bandwidth=b) for w, b in zip(self.workers, self.bandwidths, strict=True)]
+
+
+def level_specs(config: PlanConfig, levels: list[Level]) -> list[LevelSpec]:
+    out = []
+    within = 1
+    for level in levels:
+        out.append(LevelSpec(level.workers, level.bandwidth, within, config.memory, config.straight))
+        within = level.workers
+    return out
+
+
+def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
+    problem2, space = build_space(problem, config.max_states, config.max_pairs)
+    if len(config.workers) > 1:
+        work = space.size * len(space.pair_k) / 3 * max(config.workers[:-1]) ** 2 / 2
+        if work > config.max_range_work:
+            keep = max(2, int((config.max_range_work * 6 / max(config.workers[:-1]) ** 2) ** (1 / 3)))
+            return problem, coarse_prefix_space(problem, keep)
+    return problem2, space
+
+
+def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
+    """Partition ``graph`` for ``config``'s cluster with PipeDream's optimizer."""
+    levels = config.levels()
+    began = time.perf_counter()
+    base = prepare(graph.to_networkx())
+    problem, space = _space(base, config)
+    solution = plan_levels(space, level_specs(config, levels))
+    if solution is None:
+        raise PlanError(
+            f"graph: no plan fits: with --memory {config.memory:g} bytes per worker no stage layout on "
+            f"{math.prod(config.workers)} workers keeps its stashed activations and weights in memory; "
+            "raise --memory or add workers"
+            if config.memory is not None
+            else "graph: no plan fits this cluster"
+        )
+    solve_s = time.perf_counter() - began
+    # Problem nodes of each stage (the state range's new nodes), in pipeline order.
+    stage_nodes: list[list[int]] = []
+    for st in solution.stages:
+        before = space.masks[st.start] if st.start >= 0 else 0
+        new = space.masks[st.end] & ~before
+        stage_nodes.append([v for v in range(problem.size) if new >> v & 1])
+    stage_ranks = [list(st.ranks) for st in solution.stages]
+    costs = stage_costs(problem, stage_nodes, stage_ranks, levels)
+    layers = _stage_layers(graph, problem, space, stage_nodes)
+    stages = [
+        Stage(layers=ls, replicas=len(rk), ranks=rk, predicted=_stage_prediction(c))
+        for ls, rk, c in zip(layers, stage_ranks, costs, strict=True)
+    ]
+    total_c = float(space.compute_s[space.last])
+    total_p = float(space.parameter_bytes[space.last])
+    dp_time = data_parallel_time(total_c, total_p, levels)
+    workers = math.prod(config.workers)
+    microbatches = config.microbatches or (1 if config.schedule == "1f1b" else len(stages))
+    comm_bytes = sum(2.0 * o for o in cut_sizes(problem, stage_nodes)) + sum(
+        4.0 * (len(rk) - 1) * c.parameter_bytes / len(rk) for rk, c in zip(stage_ranks, costs, strict=True)
+    )
+    bottleneck = max(range(len(costs)), key=lambda i: costs[i].bound_s)
+    t = solution.time_s
+    predicted = Prediction(
+        time_per_minibatch_s=t,
+        throughput_samples_per_s=graph.batch_size / t if t > 0 else None,
+        communication_bytes_per_sample=comm_bytes / graph.batch_size,
+        bottleneck_stage=bottleneck,
+        data_parallel_time_per_minibatch_s=dp_time,
+        data_parallel_throughput_samples_per_s=graph.batch_size / dp_time if dp_time > 0 else None,
+        data_parallel_communication_bytes_per_sample=4.0 * (workers - 1) * total_p / workers / graph.batch_size,
+        speedup_over_data_parallel=dp_time / t if t > 0 else None,
+        states=space.size,
+        search=space.search,
+        solve_s=solve_s,
+    )
+    return Plan(
+        graph_hash=graph.structure_hash(),
+        graph_source=graph.source,
+        spec=graph.spec,
+        batch_size=graph.batch_size,
+        input_shape=graph.input_shape,
+        schedule=config.schedule,
+        microbatches=microbatches,
+        in_flight=math.ceil(workers / stages[0].replicas),
+        world_size=workers,
+        cluster=Cluster(
+            levels=levels, memory_bytes=config.memory, straight=config.straight, cost_model=config.cost_model
+        ),
+        stages=stages,
+        predicted=predicted,
+    )
+
+
+def _stage_prediction(c: StageCost) -> StagePrediction:
+    return StagePrediction(
+        compute_s=c.compute_s,
+        allreduce_s=c.allreduce_s,
+        communication_s=c.communication_s,
+        time_s=c.time_s,
+        parameter_bytes=c.parameter_bytes,
+        activation_bytes=c.activation_bytes,
+        memory_bytes=c.memory_bytes,
+    )
+
+
+def _stage_layers(
+    graph: LayerGraph, problem: Problem, space: StateSpace, stage_nodes: list[list[int]]
+) -> list[list[str]]:
+    """Graph layer ids of each stage, in the graph's order; set-aside nodes put back."""
+    owner: dict[str, int] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for v in nodes:
+            for layer in problem.layers_of(v):
+                owner[layer] = s
+    for layer in problem.inputs:
+        owner[layer] = 0
+    last = len(stage_nodes) - 1
+    for sink, producer in problem.attached.items():
+        owner[sink] = owner.get(producer, 0) if producer else 0
+    for node in graph.nodes:
+        # Nodes no state reaches form an up-set (nothing inside depends on them): the last stage is convex.
+        owner.setdefault(node.id, last)
+    layers: list[list[str]] = [[] for _ in stage_nodes]
+    for node in graph.nodes:
+        layers[owner[node.id]].append(node.id)
+    return layers

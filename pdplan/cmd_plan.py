@@ -1,0 +1,85 @@
+"""``pdplan [GRAPH|-]``: plan a layer graph for a cluster and write the stage plan."""
+
+from __future__ import annotations
+
+import click
+
+from pdplan.build import COST_MODELS, PlanConfig, make_plan
+from shared.cli import console
+from shared.graph import load_graph
+from shared.io import display_name, write_output
+from shared.plan import SCHEDULES, plan_json
+
+
+def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
+    try:
+        values = tuple(kind(float(part)) if kind is int and "e" in part.lower() else kind(part) for part in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, innermost level first; got {text!r}",
+                                 param_hint=option) from None
+    return values
+
+
+@click.command("plan")
+@click.argument("graph", default="-")
+@click.option("--workers", required=True, metavar="N[,N2,...]",
+              help="Workers per level, innermost first: 4,2 = 2 servers of 4 workers.")
+@click.option("--bandwidth", required=True, metavar="B[,B2,...]",
+              help="Bytes/s between the units of each level, innermost first (e.g. 1e10,1e9).")
+@click.option("--memory", type=float, default=None, metavar="BYTES",
+              help="Memory per worker: refuse stages whose stashed activations and weights exceed it.")
+@click.option("--straight", is_flag=True, help="One replica per stage (no data parallelism inside a stage).")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="1f1b", show_default=True,
+              help="The schedule pdrun runs; recorded in the plan.")
+@click.option("--microbatches", type=click.IntRange(min=1), default=None, metavar="M",
+              help="Units per optimizer step (default: 1 for 1f1b, the number of stages for flush schedules).")
+@click.option("--cost-model", type=click.Choice(COST_MODELS), default="pipedream", show_default=True,
+              help="The cost model the DP minimises (pipedream: the paper's optimizer, exactly).")
+@click.option("--max-states", type=click.IntRange(min=2), default=200_000, show_default=True,
+              help="Past this many antichain states, plan on the series-compressed DAG, then on a topological order.")
+@click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the plan here (default: stdout).")
+def plan(
+    graph: str,
+    workers: str,
+    bandwidth: str,
+    memory: float | None,
+    straight: bool,
+    schedule: str,
+    microbatches: int | None,
+    cost_model: str,
+    max_states: int,
+    out: str | None,
+) -> None:
+    """Partition GRAPH (a pdprof.graph/1 file, or - for stdin) into pipeline stages.
+
+    Prints the plan (pdplan.plan/1 JSON) on stdout, or writes it atomically to -o FILE,
+    and a one-line summary on stderr.
+
+    \b
+    Examples:
+      pdplan graph.json --workers 16 --bandwidth 1e9 -o plan.json
+      pdplan graph.json --workers 4,2 --bandwidth 1e10,1e9 --memory 16e9
+      pdprof import-pipedream vgg16.txt | pdplan --workers 16 --bandwidth 1e9 | pdplan show -
+    """
+    config = PlanConfig(
+        workers=tuple(int(w) for w in _numbers(workers, "--workers", int)),
+        bandwidths=tuple(float(b) for b in _numbers(bandwidth, "--bandwidth", float)),
+        memory=memory,
+        straight=straight,
+        schedule=schedule,  # type: ignore[arg-type]
+        microbatches=microbatches,
+        cost_model=cost_model,
+        max_states=max_states,
+    )
+    g = load_graph(graph)
+    p = make_plan(g, config)
+    write_output(plan_json(p), out)
+    pred = p.predicted
+    assert pred is not None
+    shape = "-".join(str(s.replicas) for s in p.stages)
+    speedup = f"{pred.speedup_over_data_parallel:.2f}x" if pred.speedup_over_data_parallel else "n/a"
+    console.print(
+        f"[bold]pdplan[/]: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
+        f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; "
+        f"{pred.states} {pred.search} states in {pred.solve_s:.2f} s" + (f" -> {out}" if out else "")
+    )
