@@ -30,6 +30,7 @@ from shared.plan import SCHEDULES, load_plan
 @click.option("--microbatches", type=click.IntRange(min=1), help="Override the plan's units per step (flush schedules).")
 @click.option("--vertical-sync/--no-vertical-sync", default=None, help="1f1b: run each unit on one weight version at every stage.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="gloo on CPU, NCCL on CUDA.")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), help="Override the backend (gloo carries CUDA tensors through host memory, e.g. several ranks on one GPU).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
               help="Seconds a worker waits for a peer before the run fails.")
@@ -48,7 +49,7 @@ def run(
     plan: str, steps: int | None, epochs: int | None, seed: int, optimizer: str, lr: float, lr_schedule: str,
     momentum: float,
     weight_decay: float, schedule: str | None, microbatches: int | None, vertical_sync: bool | None, device: str,
-    dtype: str, timeout_s: float, threads: int, no_val: bool, metrics_path: str | None, trace_path: str | None,
+    backend: str | None, dtype: str, timeout_s: float, threads: int, no_val: bool, metrics_path: str | None, trace_path: str | None,
     checkpoint_dir: str | None, resume: bool, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
     nproc_per_node: int | None, quiet: bool,
 ) -> None:
@@ -62,7 +63,7 @@ def run(
         steps=steps, epochs=epochs, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,  # type: ignore[arg-type]
         lr_schedule=lr_schedule,  # type: ignore[arg-type]
         weight_decay=weight_decay, schedule=schedule, microbatches=microbatches, vertical_sync=vertical_sync,
-        device=device, dtype=dtype, timeout_s=timeout_s, threads=threads, validate=not no_val,  # type: ignore[arg-type]
+        device=device, backend=backend, dtype=dtype, timeout_s=timeout_s, threads=threads, validate=not no_val,  # type: ignore[arg-type]
         metrics=metrics_path, trace=trace_path, checkpoint_dir=checkpoint_dir, resume=resume, progress=not quiet,
     )
     results = launch(p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan))

@@ -40,20 +40,22 @@ def emulated_bandwidth() -> float | None:
 class Comm:
     """This worker's sends in flight and the time spent communicating."""
 
-    def __init__(self, rank: int, device: torch.device, timeout_s: float) -> None:
+    def __init__(self, rank: int, device: torch.device, timeout_s: float, wire: torch.device | None = None) -> None:
         self.rank = rank
         self.device = device
+        # The backend's device: tensors on another device (CUDA tensors over gloo) go through it.
+        self.wire = wire or device
         self.timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
         self.bandwidth = emulated_bandwidth()
 
     def header(self, unit: int, version: int) -> torch.Tensor:
-        return torch.tensor([unit, version], dtype=torch.int64, device=self.device)
+        return torch.tensor([unit, version], dtype=torch.int64, device=self.wire)
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
         """Post the sends; the tensors stay referenced until the peer has them."""
-        held = [t.contiguous() for t in tensors]
+        held = [t.to(self.wire).contiguous() for t in tensors]
         if self.bandwidth is not None:
             time.sleep(sum(t.numel() * t.element_size() for t in held) / self.bandwidth)
         for t in held:
@@ -66,8 +68,8 @@ class Comm:
         self, buffers: Sequence[torch.Tensor], src: int, tag: int, unit: int, what: str
     ) -> tuple[int, list[torch.Tensor]]:
         """Receive a header and ``buffers``; returns (version, buffers). Checks the unit is the one expected."""
-        header = torch.empty(2, dtype=torch.int64, device=self.device)
-        out = [header, *buffers]
+        header = torch.empty(2, dtype=torch.int64, device=self.wire)
+        out = [header, *(b.to(self.wire) for b in buffers)]
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
         deadline = time.monotonic() + self.timeout_s
         for work in works:
@@ -84,7 +86,7 @@ class Comm:
         got = int(header[0].item())
         if got != unit:
             raise RunError(f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}")
-        return int(header[1].item()), list(buffers)
+        return int(header[1].item()), [t.to(self.device) for t in out[1:]]
 
     def reap(self) -> None:
         """Forget sends that have completed."""

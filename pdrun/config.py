@@ -26,6 +26,7 @@ class RunConfig:
     microbatches: int | None = None  # overrides the plan's
     vertical_sync: bool | None = None  # overrides the plan's
     device: Device = "cpu"
+    backend: Literal["gloo", "nccl"] | None = None  # default: nccl on CUDA, gloo on CPU
     timeout_s: float = 120.0
     threads: int = 1  # torch threads per CPU worker
     validate: bool = True  # validation pass at the end of each epoch (or of the run, with --steps)

@@ -114,13 +114,13 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
     plan = effective_plan(plan, cfg)
     stage_index, replica = plan.rank_stage(env.rank)
     if cfg.device == "cuda":
-        device = torch.device("cuda", env.local_rank)
+        # One GPU per local rank; with fewer GPUs than ranks, ranks share them round-robin.
+        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
-        backend = "nccl"
     else:
         device = torch.device("cpu")
-        backend = "gloo"
         torch.set_num_threads(cfg.threads)
+    backend = cfg.backend or ("nccl" if cfg.device == "cuda" else "gloo")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s))
     try:
@@ -158,6 +158,7 @@ def _train(
             g = dist.new_group(st.ranks)
             if idx == s:
                 group = g
+    wire = device if dist.get_backend() == "nccl" else torch.device("cpu")  # where messages travel from
     stash = plan.schedule == "1f1b" and cfg.stash
     versions = WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
     params = list(versions.live.values())
@@ -172,7 +173,7 @@ def _train(
     worker = Worker(
         rank=env.rank, stage=stage, replica=replica, part=part, specs=specs,
         peers=Peers(tuple(tuple(st.ranks) for st in plan.stages)), units=units, loss_fn=resolve_loss(spec.loss),
-        optimizer=optimizer, versions=versions, comm=Comm(env.rank, device, cfg.timeout_s), group=group,
+        optimizer=optimizer, versions=versions, comm=Comm(env.rank, device, cfg.timeout_s, wire), group=group,
         device=device, dtype=dtype, loss_scale=1.0 / segs.units_per_step, average_replicas=plan.schedule == "1f1b",
         vertical_sync=plan.vertical_sync, record=cfg.record, recompute=plan.schedule == "1f1b" and not cfg.stash,
     )
@@ -208,7 +209,7 @@ def _train(
             if val_units is not None and (segs.epochs or last):
                 loss_sum, correct, count = worker.validate(val_units)
                 if stage.has_output and group is not None:
-                    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+                    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=worker.comm.wire)
                     dist.all_reduce(t, group=group)
                     loss_sum, correct, count = float(t[0]), int(t[1]), int(t[2])
                 entry = {"epoch": epoch, "step": worker.steps, "loss_sum": loss_sum, "correct": correct, "count": count}

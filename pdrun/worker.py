@@ -244,8 +244,9 @@ class Worker:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).to(self.comm.wire)
         dist.all_reduce(flat, group=self.group)
+        flat = flat.to(self.device)
         if self.average_replicas:
             flat /= dist.get_world_size(self.group)
         offset = 0
