@@ -753,3 +753,41 @@ def test_pipedream_edge_errors_name_their_line(tmp_path: Path) -> None:
     path.write_text(_PD_BASES[0] + "\tnode3 -- node2\n")  # node2 -> node3 is there already: a cycle
     with pytest.raises(ArtifactError, match=r"edges: the graph has a cycle through node[23] -> node[23]$"):
         _load_pipedream(path)
+
+
+@pytest.mark.parametrize(
+    ("tool", "argv"),
+    [
+        (pdprof_main, ["--model", "zoo:resmpl", "--data", "zoo:synthetic", "--batch-size", "2", "-o", "{out}/g.json", "--table", "{out}/p.parquet"]),
+        (pdprof_main, ["import-pipedream", "{out}/bad.txt", "-o", "{out}/g.json"]),
+        (pdrun_main, ["{out}/bad.json", "--steps", "1", "--metrics", "{out}/p.parquet", "--trace", "{out}/t.json"]),
+    ],
+)  # fmt: skip
+def test_a_failing_command_leaves_existing_outputs_untouched(
+    tmp_path: Path, tool: Any, argv: list[str]
+) -> None:
+    (tmp_path / "bad.txt").write_text("node1 -- Input -- forward_compute_time=0.000\n")
+    (tmp_path / "bad.json").write_text('{"format": "pdplan.plan/1", "stages": []}')
+    outputs = {name: f"previous {name}\n" for name in ("g.json", "p.parquet", "t.json")}
+    for name, text in outputs.items():
+        (tmp_path / name).write_text(text)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = CliRunner().invoke(tool, [a.format(out=tmp_path) for a in argv])
+    # pdprof's progress bar (rich, transient) leaves a blank line on a stderr that is not a
+    # terminal, before the error line: reported to its owner; the error itself is one line.
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("pd"), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing new, no temporary file
+    assert {name: (tmp_path / name).read_text() for name in outputs} == outputs
+
+
+def test_an_output_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    src = tmp_path / "graph.txt"
+    src.write_text(_PD_BASES[0])
+    result = CliRunner().invoke(
+        pdprof_main, ["import-pipedream", str(src), "-o", str(tmp_path / "nope" / "g.json")]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"pdprof: error: {tmp_path}/nope/g.json: cannot write: directory {tmp_path}/nope does not exist"
+    ]
