@@ -1,0 +1,49 @@
+"""The benchmark harness runs: torch.distributed.pipelining on the plan's split reports numbers, and its
+losses are those of sequential training on the same data (so the baseline it measures is the real model)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bench.baselines import Settings, UnitOrder, batch_at, build_model, even_split, load_tensors, run
+from shared.resolve import resolve_loss
+
+
+def _sequential_losses(s: Settings) -> list[float]:
+    """The same steps in this process: microbatch losses averaged, SGD with the same settings."""
+    model = build_model(s)
+    opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum)
+    loss_fn = resolve_loss(s.loss)
+    x, y = load_tensors(s.data, s.data_args)
+    order = UnitOrder(x.shape[0], s.batch_size, s.seed)
+    out = []
+    for step in range(s.steps):
+        xb, yb = batch_at(x, y, order, step, s.microbatches)
+        total = 0.0
+        for xm, ym in zip(torch.split(xb, s.batch_size), torch.split(yb, s.batch_size), strict=True):
+            loss = loss_fn(model(xm), ym) / s.microbatches
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad()
+        out.append(total)
+    return out
+
+
+def test_pipelining_baseline_runs_and_matches_sequential() -> None:
+    base = Settings(
+        model="zoo:resmlp", model_args={"width": 32, "depth": 2}, data="zoo:synthetic", data_args={"size": 96},
+        batch_size=16, microbatches=2, steps=3, warmup=0, lr=0.05, timeout_s=60,
+    )
+    s = Settings(**{**base.__dict__, "stage_of": even_split(base, 2)})
+    assert set(s.stage_of.values()) == {0, 1}
+
+    result = run("pipe-1f1b", s)
+
+    assert result.world == 2 and result.steps == 3 and result.samples == 3 * 2 * 16
+    assert result.seconds > 0 and math.isfinite(result.samples_per_s) and result.samples_per_s > 0
+    assert len(result.ranks) == 2 and all(r.compute_s > 0 and r.total_s >= r.compute_s for r in result.ranks)
+    assert len(result.step_end_s) == 3
+    torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-5, atol=1e-6)
