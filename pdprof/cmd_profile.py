@@ -49,6 +49,8 @@ def _progress_bar() -> Iterator[Progress]:
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first.")
 @click.option("--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds (medians).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
+@click.option("--steady-malloc/--no-steady-malloc", default=True, show_default=True,
+              help="CPU: fix glibc malloc's mmap/trim thresholds so figures repeat from run to run.")
 @click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
 @click.option("--table", "table", default=None, metavar="FILE", help="Write the raw samples here (Parquet).")
 def profile(
@@ -64,6 +66,7 @@ def profile(
     warmup: int,
     repeats: int,
     threads: int,
+    steady_malloc: bool,
     out: str | None,
     table: str | None,
 ) -> None:
@@ -84,7 +87,7 @@ def profile(
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     )
-    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads)
+    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads, steady_malloc)
     with _progress_bar() as bar:
         task = bar.add_task("loading", total=None)
 

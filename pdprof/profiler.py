@@ -21,6 +21,7 @@ from torch import nn
 
 from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
+from pdprof.malloc import malloc_is_steady, steady_malloc
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from shared.errors import UserError
@@ -43,6 +44,7 @@ class ProfileConfig:
     warmup: int = 2
     repeats: int = 10
     threads: int = 1
+    steady_malloc: bool = True  # fix glibc's malloc thresholds (pdprof.malloc) for repeatable CPU figures
 
 
 @dataclass
@@ -99,6 +101,8 @@ def profile_model(
         model.to(device).train()
         traced.module.to(device).train()
         clock = clock_for(device)
+        # Process-wide once set: the method string says whether it holds, not whether this call asked.
+        steady = device.type == "cpu" and (steady_malloc() if config.steady_malloc else malloc_is_steady())
 
         report("sizes", 0, 1)
         sizes = _first_run(traced, inputs, target, loss_fn, config.spec)
@@ -122,7 +126,7 @@ def profile_model(
                 samples.append(results[1])
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
-        return _assemble(traced, sizes, steps, samples, inputs, config, device, clock)
+        return _assemble(traced, sizes, steps, samples, inputs, config, device, clock, steady)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -184,6 +188,7 @@ def _assemble(
     config: ProfileConfig,
     device: torch.device,
     clock: Clock,
+    steady: bool,
 ) -> ProfileResult:
     rows: list[dict[str, Any]] = []
     nodes: list[Node] = []
@@ -214,7 +219,9 @@ def _assemble(
     layer_sum = sum(n.forward_ms + n.backward_ms for n in nodes)
     method = (
         _clock_name(clock, device, config.threads)
-    ) + "; forward per fx node; backward split at autograd node hooks; interleaved with whole steps"
+        + ("; glibc malloc thresholds fixed" if steady else "")
+        + "; forward per fx node; backward split at autograd node hooks; interleaved with whole steps"
+    )
     timing = Timing(
         method=method,
         warmup=config.warmup,

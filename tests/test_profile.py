@@ -70,6 +70,7 @@ def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, t
     assert (graph.batch_size, graph.input_shape, graph.device, graph.threads) == (16, [16, 8], "cpu", 1)
     assert graph.writer.torch == torch.__version__.split("+")[0] or graph.writer.torch == torch.__version__
     assert graph.timing is not None and (graph.timing.warmup, graph.timing.repeats) == (1, 3)
+    assert "run-queue wait" in graph.timing.method and "glibc malloc thresholds fixed" in graph.timing.method
 
     # The table holds every sample; the graph's figures are their medians.
     df, meta = load_table(table, PROFILE_TABLE)
@@ -160,3 +161,12 @@ def test_user_errors_exit_2_with_one_line(user_file: Path, args: list[str], expe
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("pdprof: error: ")
     assert expected.format(**fill) in lines[0]
+
+
+def test_threads_are_fixed_recorded_and_restored(user_file: Path) -> None:
+    before = torch.get_num_threads()
+    spec = RunSpec(model=f"{user_file}:build", data=f"{user_file}:data")
+    result = profile_spec(ProfileConfig(spec, batch_size=4, warmup=0, repeats=1, threads=2))
+    assert result.graph.threads == 2 and result.table_meta["threads"] == 2
+    assert result.graph.timing is not None and "2 thread(s)" in result.graph.timing.method
+    assert torch.get_num_threads() == before
