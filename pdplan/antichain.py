@@ -139,7 +139,9 @@ def build_space(problem: Problem, max_states: int, max_pairs: int) -> tuple[Prob
 def _fitting(
     problem: Problem, max_states: int, max_pairs: int
 ) -> tuple[list[int], list[int], list[tuple[int, int]]] | None:
-    found = enumerate_downsets(problem, max_states)
+    # Stop enumerating as soon as the pairs could no longer fit.
+    cap = min(max_states, int((2 * max_pairs) ** 0.5) + 2)
+    found = enumerate_downsets(problem, cap)
     if found is None or _pair_estimate(found[0]) > max_pairs:
         return None
     return found
