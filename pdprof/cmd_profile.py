@@ -76,8 +76,8 @@ def profile(
     Examples:
       pdprof --model zoo:resmlp --data zoo:digits --batch-size 64 -o graph.json
       pdprof --model my_model.py:build --data my_data.py:train --batch-size 32 --table profile.parquet
-      pdprof --model zoo:resnet50 --data zoo:synthetic --data-arg shape='(3,224,224)' --batch-size 8 \\
-             --leaf-module Bottleneck | pdplan - --workers 4 --bandwidth 1e9
+      pdprof --model zoo:resnet50 --data zoo:synthetic_images --batch-size 8 --leaf-module Bottleneck \\
+        | pdplan - --workers 4 --bandwidth 1e9
     """
     spec = RunSpec(
         model=model,
