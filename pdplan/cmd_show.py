@@ -1,25 +1,97 @@
-"""``pdplan show``: a plan as a table of stages for a person."""
+"""``pdplan show``: a plan as a table of stages, a diagram of its replicas and its speedup."""
 
 from __future__ import annotations
 
 import click
 from rich.table import Table
 
+from pdplan.report import cluster_text, recost
 from shared.cli import console
+from shared.graph import load_graph
 from shared.io import display_name
-from shared.plan import load_plan
+from shared.plan import Plan, check_against_graph, load_plan
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.3f}"
+
+
+def _diagram(p: Plan, width: int = 64) -> list[str]:
+    """One row per stage: a bar per replica, placed at its ranks, ``->`` for the data flow."""
+    per = max(1, min(3, width // max(1, p.world_size)))
+    lines = []
+    for s, stage in enumerate(p.stages):
+        row = [" " * per] * p.world_size
+        for rank in stage.ranks:
+            row[rank] = ("#" * per) if per > 1 else "#"
+        lines.append(f"stage {s:>2} |{''.join(row)}| x{stage.replicas}")
+    ticks = "".join(str(r % 10).ljust(per) for r in range(p.world_size))
+    lines.append(f"rank     |{ticks}|")
+    return lines
 
 
 @click.command("show")
 @click.argument("plan", default="-")
-def show(plan: str) -> None:
-    """Render PLAN (a path or -) as a table of stages."""
+@click.option("--graph", "graph_path", default=None, metavar="GRAPH",
+              help="Re-cost the plan's stages from this layer graph (for hand-edited plans).")
+def show(plan: str, graph_path: str | None) -> None:
+    """Render PLAN (a path or -) as a table of stages, a diagram of replicas and its speedup.
+
+    \b
+    Examples:
+      pdplan show plan.json
+      pdplan show edited.json --graph graph.json
+    """
     p = load_plan(plan)
-    table = Table(title=f"{display_name(plan)}: {p.schedule}, {len(p.stages)} stages, {p.world_size} ranks")
-    for column in ("stage", "layers", "replicas", "ranks"):
-        table.add_column(column)
+    costs = None
+    recosted = None
+    if graph_path is not None:
+        g = load_graph(graph_path)
+        check_against_graph(p, g, display_name(plan))
+        costs, bottleneck, dp_time = recost(p, g)
+        recosted = (bottleneck, dp_time)
+    table = Table(
+        title=f"{display_name(plan)}: {p.schedule}, {len(p.stages)} stages on {p.world_size} ranks "
+        f"({cluster_text(p.cluster)}), {p.in_flight} in flight, M={p.microbatches}"
+    )
+    for column in ("stage", "layers", "replicas", "ranks", "compute ms", "all-reduce ms", "comm ms", "time ms", "memory MB"):
+        table.add_column(column, justify="right" if "ms" in column or "MB" in column else "left")
     for s, stage in enumerate(p.stages):
         first, last = stage.layers[0], stage.layers[-1]
         span = first if first == last else f"{first} .. {last} ({len(stage.layers)})"
-        table.add_row(str(s), span, str(stage.replicas), ",".join(map(str, stage.ranks)))
-    console.print(table)
+        pred = stage.predicted if costs is None else costs[s]
+        cells = ["-"] * 5
+        if pred is not None:
+            cells = [
+                _ms(pred.compute_s),
+                _ms(pred.allreduce_s),
+                _ms(pred.communication_s),
+                _ms(pred.time_s),
+                f"{pred.memory_bytes / 1e6:.1f}",
+            ]
+        table.add_row(str(s), span, str(stage.replicas), _ranks(stage.ranks), *cells)
+    console.print(table, width=max(console.width, 132))
+    for line in _diagram(p):
+        console.print(line, markup=False, highlight=False)
+    pr = p.predicted
+    if pr is not None:
+        speed = f"{pr.speedup_over_data_parallel:.2f}x" if pr.speedup_over_data_parallel is not None else "n/a"
+        console.print(
+            f"predicted: {_ms(pr.time_per_minibatch_s)} ms per minibatch (bottleneck stage {pr.bottleneck_stage}), "
+            f"data parallelism {_ms(pr.data_parallel_time_per_minibatch_s)} ms: [bold]speedup over data parallelism "
+            f"{speed}[/]" + (f"; {pr.states} {pr.search or ''} states in {pr.solve_s:.2f} s" if pr.states else "")
+        )
+    if recosted is not None:
+        bottleneck, dp_time = recosted
+        speed = f"{dp_time / bottleneck:.2f}x" if bottleneck > 0 else "n/a"
+        console.print(
+            f"re-costed from {display_name(graph_path or '')}: {_ms(bottleneck)} ms per minibatch, data parallelism "
+            f"{_ms(dp_time)} ms: [bold]speedup over data parallelism {speed}[/]"
+        )
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``0-12`` for consecutive ranks, else a comma list."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))

@@ -1,0 +1,42 @@
+"""Re-costing a plan from its graph: the predictions of a (possibly hand-edited) plan."""
+
+from __future__ import annotations
+
+from pdplan.costs import StageCost, data_parallel_time, stage_costs
+from pdplan.problem import prepare
+from shared.errors import PlanError
+from shared.graph import LayerGraph
+from shared.plan import Cluster, Plan
+
+
+def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float]:
+    """Per-stage costs, the bottleneck time per minibatch and data parallelism's, from ``graph``.
+
+    Uses the plan's cluster; layers the optimizer sets aside (inputs, dangling tuple
+    indexing) cost nothing, as in the DP. For a one-level cluster the bottleneck equals
+    what the DP reports for the same stages.
+    """
+    cluster = plan.cluster
+    if cluster is None:
+        raise PlanError("plan: cluster: the plan records no cluster; re-run pdplan to cost it")
+    problem = prepare(graph.to_networkx())
+    index = {layer: v for v, layer in enumerate(problem.ids)}
+    stage_nodes = [[index[layer] for layer in stage.layers if layer in index] for stage in plan.stages]
+    for s, nodes in enumerate(stage_nodes):
+        if not nodes and 0 < s:
+            raise PlanError(f"plan: stages[{s}]: stage {s} has no layer with a cost; merge it into a neighbour")
+    costs = stage_costs(problem, stage_nodes, [stage.ranks for stage in plan.stages], cluster.levels)
+    bottleneck = max(c.bound_s for c in costs)
+    total_c = sum(problem.compute_s)
+    total_p = sum(problem.parameter_bytes)
+    return costs, bottleneck, data_parallel_time(total_c, total_p, cluster.levels)
+
+
+def cluster_text(cluster: Cluster | None) -> str:
+    if cluster is None:
+        return "unknown cluster"
+    parts = [f"{lv.workers} x {lv.bandwidth:.3g} B/s" for lv in cluster.levels]
+    extra = (", straight" if cluster.straight else "") + (
+        f", memory {cluster.memory_bytes:.3g} B" if cluster.memory_bytes else ""
+    )
+    return " inside ".join(parts) + extra
