@@ -73,7 +73,9 @@ def _leaks(problem: Problem, anc: list[int], succ: list[int]) -> list[int]:
     return out
 
 
-def enumerate_downsets(problem: Problem, max_states: int) -> tuple[list[int], list[int], list[tuple[int, int]]] | None:
+def enumerate_downsets(
+    problem: Problem, max_states: int
+) -> tuple[list[int], list[int], list[tuple[int, int]]] | None:
     """Reachable downsets, their maximal elements and the moves between them; None past ``max_states``."""
     anc = problem.ancestor_masks()
     succ = problem.successor_masks()

@@ -46,7 +46,9 @@ class PlanConfig:
                 "give one bandwidth per level, innermost first (e.g. --workers 4,2 --bandwidth 1e10,1e9)"
             )
         if self.cost_model not in COST_MODELS:
-            raise UserError(f"--cost-model: unknown {self.cost_model!r}; expected one of {', '.join(COST_MODELS)}")
+            raise UserError(
+                f"--cost-model: unknown {self.cost_model!r}; expected one of {', '.join(COST_MODELS)}"
+            )
         for w in self.workers:
             if w < 1:
                 raise UserError(f"--workers: every level needs at least 1 worker, got {w}")
@@ -123,7 +125,11 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         bottleneck_stage=bottleneck,
         data_parallel_time_per_minibatch_s=dp_time,
         data_parallel_throughput_samples_per_s=graph.batch_size / dp_time if dp_time > 0 else None,
-        data_parallel_communication_bytes_per_sample=4.0 * (workers - 1) * total_p / workers / graph.batch_size,
+        data_parallel_communication_bytes_per_sample=4.0
+        * (workers - 1)
+        * total_p
+        / workers
+        / graph.batch_size,
         speedup_over_data_parallel=dp_time / t if t > 0 else None,
         states=space.size,
         search=space.search,

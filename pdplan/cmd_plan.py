@@ -13,31 +13,70 @@ from shared.plan import SCHEDULES, plan_json
 
 def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     try:
-        values = tuple(kind(float(part)) if kind is int and "e" in part.lower() else kind(part) for part in text.split(","))
+        values = tuple(
+            kind(float(part)) if kind is int and "e" in part.lower() else kind(part)
+            for part in text.split(",")
+        )
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers, innermost level first; got {text!r}",
-                                 param_hint=option) from None
+        raise click.BadParameter(
+            f"expected comma-separated numbers, innermost level first; got {text!r}", param_hint=option
+        ) from None
     return values
 
 
 @click.command("plan")
 @click.argument("graph", default="-")
-@click.option("--workers", required=True, metavar="N[,N2,...]",
-              help="Workers per level, innermost first: 4,2 = 2 servers of 4 workers.")
-@click.option("--bandwidth", required=True, metavar="B[,B2,...]",
-              help="Bytes/s between the units of each level, innermost first (e.g. 1e10,1e9).")
-@click.option("--memory", type=float, default=None, metavar="BYTES",
-              help="Memory per worker: refuse stages whose stashed activations and weights exceed it.")
+@click.option(
+    "--workers",
+    required=True,
+    metavar="N[,N2,...]",
+    help="Workers per level, innermost first: 4,2 = 2 servers of 4 workers.",
+)
+@click.option(
+    "--bandwidth",
+    required=True,
+    metavar="B[,B2,...]",
+    help="Bytes/s between the units of each level, innermost first (e.g. 1e10,1e9).",
+)
+@click.option(
+    "--memory",
+    type=float,
+    default=None,
+    metavar="BYTES",
+    help="Memory per worker: refuse stages whose stashed activations and weights exceed it.",
+)
 @click.option("--straight", is_flag=True, help="One replica per stage (no data parallelism inside a stage).")
-@click.option("--schedule", type=click.Choice(SCHEDULES), default="1f1b", show_default=True,
-              help="The schedule pdrun runs; recorded in the plan.")
-@click.option("--microbatches", type=click.IntRange(min=1), default=None, metavar="M",
-              help="Units per optimizer step (default: 1 for 1f1b, the number of stages for flush schedules).")
-@click.option("--cost-model", type=click.Choice(COST_MODELS), default="pipedream", show_default=True,
-              help="The cost model the DP minimises (pipedream: the paper's optimizer, exactly).")
-@click.option("--max-states", type=click.IntRange(min=2), default=200_000, show_default=True,
-              help="Past this many antichain states, plan on the series-compressed DAG, then on a topological order.")
-@click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the plan here (default: stdout).")
+@click.option(
+    "--schedule",
+    type=click.Choice(SCHEDULES),
+    default="1f1b",
+    show_default=True,
+    help="The schedule pdrun runs; recorded in the plan.",
+)
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="M",
+    help="Units per optimizer step (default: 1 for 1f1b, the number of stages for flush schedules).",
+)
+@click.option(
+    "--cost-model",
+    type=click.Choice(COST_MODELS),
+    default="pipedream",
+    show_default=True,
+    help="The cost model the DP minimises (pipedream: the paper's optimizer, exactly).",
+)
+@click.option(
+    "--max-states",
+    type=click.IntRange(min=2),
+    default=200_000,
+    show_default=True,
+    help="Past this many antichain states, plan on the series-compressed DAG, then on a topological order.",
+)
+@click.option(
+    "-o", "--output", "out", default=None, metavar="FILE", help="Write the plan here (default: stdout)."
+)
 def plan(
     graph: str,
     workers: str,

@@ -32,8 +32,13 @@ def _diagram(p: Plan, width: int = 64) -> list[str]:
 
 @click.command("show")
 @click.argument("plan", default="-")
-@click.option("--graph", "graph_path", default=None, metavar="GRAPH",
-              help="Re-cost the plan's stages from this layer graph (for hand-edited plans).")
+@click.option(
+    "--graph",
+    "graph_path",
+    default=None,
+    metavar="GRAPH",
+    help="Re-cost the plan's stages from this layer graph (for hand-edited plans).",
+)
 def show(plan: str, graph_path: str | None) -> None:
     """Render PLAN (a path or -) as a table of stages, a diagram of replicas and its speedup.
 
@@ -54,7 +59,17 @@ def show(plan: str, graph_path: str | None) -> None:
         title=f"{display_name(plan)}: {p.schedule}, {len(p.stages)} stages on {p.world_size} ranks "
         f"({cluster_text(p.cluster)}), {p.in_flight} in flight, M={p.microbatches}"
     )
-    for column in ("stage", "layers", "replicas", "ranks", "compute ms", "all-reduce ms", "comm ms", "time ms", "memory MB"):
+    for column in (
+        "stage",
+        "layers",
+        "replicas",
+        "ranks",
+        "compute ms",
+        "all-reduce ms",
+        "comm ms",
+        "time ms",
+        "memory MB",
+    ):
         table.add_column(column, justify="right" if "ms" in column or "MB" in column else "left")
     for s, stage in enumerate(p.stages):
         first, last = stage.layers[0], stage.layers[-1]
@@ -75,11 +90,14 @@ def show(plan: str, graph_path: str | None) -> None:
         console.print(line, markup=False, highlight=False)
     pr = p.predicted
     if pr is not None:
-        speed = f"{pr.speedup_over_data_parallel:.2f}x" if pr.speedup_over_data_parallel is not None else "n/a"
+        speed = (
+            f"{pr.speedup_over_data_parallel:.2f}x" if pr.speedup_over_data_parallel is not None else "n/a"
+        )
         console.print(
             f"predicted: {_ms(pr.time_per_minibatch_s)} ms per minibatch (bottleneck stage {pr.bottleneck_stage}), "
             f"data parallelism {_ms(pr.data_parallel_time_per_minibatch_s)} ms: [bold]speedup over data parallelism "
-            f"{speed}[/]" + (f"; {pr.states} {pr.search or ''} states in {pr.solve_s:.2f} s" if pr.states else "")
+            f"{speed}[/]"
+            + (f"; {pr.states} {pr.search or ''} states in {pr.solve_s:.2f} s" if pr.states else "")
         )
     if recosted is not None:
         bottleneck, dp_time = recosted

@@ -18,7 +18,9 @@ def schema() -> None:
 
 @click.command("validate")
 @click.argument("plan", default="-")
-@click.option("--graph", "graph_path", required=True, metavar="GRAPH", help="The layer graph the plan is for.")
+@click.option(
+    "--graph", "graph_path", required=True, metavar="GRAPH", help="The layer graph the plan is for."
+)
 def validate(plan: str, graph_path: str) -> None:
     """Check PLAN (a path or -) on its own and against GRAPH: every layer once, convex stages, the hash.
 

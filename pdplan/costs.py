@@ -57,7 +57,10 @@ def span_bandwidth(levels: Sequence[Level], ranks: Sequence[int]) -> float:
 
 
 def stage_costs(
-    problem: Problem, stage_nodes: Sequence[Sequence[int]], ranks: Sequence[Sequence[int]], levels: Sequence[Level]
+    problem: Problem,
+    stage_nodes: Sequence[Sequence[int]],
+    ranks: Sequence[Sequence[int]],
+    levels: Sequence[Level],
 ) -> list[StageCost]:
     """Cost every stage; ``stage_nodes`` are problem nodes in pipeline order, ``ranks`` their ranks."""
     downset = 0

@@ -146,7 +146,9 @@ class Step:
     replicas: int
 
 
-def backtrack(space: StateSpace, level: LevelSpec, costs: RangeCosts, table: FloatArray, end: int) -> list[Step]:
+def backtrack(
+    space: StateSpace, level: LevelSpec, costs: RangeCosts, table: FloatArray, end: int
+) -> list[Step]:
     """The stages behind ``table[end, N]``, first to last (ties: the single stage, then small r)."""
     n_workers, bw = level.workers, level.bandwidth
     s = costs.start
@@ -161,7 +163,11 @@ def backtrack(space: StateSpace, level: LevelSpec, costs: RangeCosts, table: Flo
         tol = abs(target) * 1e-12
         allreduce = 4 * (m - 1) * (space.parameter_bytes[j] - p_base) / (bw * m) / level.within
         single = (costs.single[j] + allreduce) / m
-        if (not level.straight or m == 1) and abs(single - target) <= tol and _single_fits(space, level, s, j, m):
+        if (
+            (not level.straight or m == 1)
+            and abs(single - target) <= tol
+            and _single_fits(space, level, s, j, m)
+        ):
             steps.append(Step(s, j, m))
             break
         found = None
@@ -202,4 +208,4 @@ def _single_fits(space: StateSpace, level: LevelSpec, s: int, j: int, m: int) ->
     y = space.parameter_bytes[j] + space.activation_bytes[j]
     if s >= 0:
         y -= space.parameter_bytes[s] + space.activation_bytes[s]
-    return _memory_factor(level.workers, m, m) * y <= level.memory
+    return bool(_memory_factor(level.workers, m, m) * y <= level.memory)

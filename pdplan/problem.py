@@ -94,7 +94,9 @@ def prepare(g: nx.DiGraph) -> Problem:
             attached[sink] = ""
     return Problem(
         ids=topo,
-        compute_s=[(float(g.nodes[n]["forward_ms"]) + float(g.nodes[n]["backward_ms"])) / 1000.0 for n in topo],
+        compute_s=[
+            (float(g.nodes[n]["forward_ms"]) + float(g.nodes[n]["backward_ms"])) / 1000.0 for n in topo
+        ],
         parameter_bytes=[float(g.nodes[n]["parameter_bytes"]) for n in topo],
         activation_bytes=[float(g.nodes[n]["activation_bytes"]) for n in topo],
         preds=[sorted(index[p] for p in work.predecessors(n)) for n in topo],
@@ -103,7 +105,6 @@ def prepare(g: nx.DiGraph) -> Problem:
         inputs=inputs,
         attached=attached,
     )
-
 
 
 def compress_series(problem: Problem) -> Problem:

@@ -23,8 +23,10 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
     index = {layer: v for v, layer in enumerate(problem.ids)}
     stage_nodes = [[index[layer] for layer in stage.layers if layer in index] for stage in plan.stages]
     for s, nodes in enumerate(stage_nodes):
-        if not nodes and 0 < s:
-            raise PlanError(f"plan: stages[{s}]: stage {s} has no layer with a cost; merge it into a neighbour")
+        if not nodes and s > 0:
+            raise PlanError(
+                f"plan: stages[{s}]: stage {s} has no layer with a cost; merge it into a neighbour"
+            )
     costs = stage_costs(problem, stage_nodes, [stage.ranks for stage in plan.stages], cluster.levels)
     bottleneck = max(c.bound_s for c in costs)
     total_c = sum(problem.compute_s)

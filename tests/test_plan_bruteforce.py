@@ -118,7 +118,10 @@ def _chains(states, start, end):
 
 
 costs_st = st.tuples(
-    st.integers(1, 30), st.integers(1, 30), st.integers(0, 4) .map(lambda x: x * 1e6), st.integers(0, 4).map(lambda x: x * 2e6)
+    st.integers(1, 30),
+    st.integers(1, 30),
+    st.integers(0, 4).map(lambda x: x * 1e6),
+    st.integers(0, 4).map(lambda x: x * 2e6),
 )
 
 
@@ -127,7 +130,9 @@ def _check(costs, edges, workers, bandwidths, memory=None, straight=False):
     g, states = _downsets(len(costs), edges)
     levels = list(zip(workers, bandwidths, strict=True))
     expected = _best(g, states, costs, levels, memory, straight)
-    config = PlanConfig(workers=tuple(workers), bandwidths=tuple(bandwidths), memory=memory, straight=straight)
+    config = PlanConfig(
+        workers=tuple(workers), bandwidths=tuple(bandwidths), memory=memory, straight=straight
+    )
     if math.isinf(expected):
         return
     plan = make_plan(graph, config)

@@ -46,8 +46,20 @@ def test_pipe_from_pdprof_to_show() -> None:
 
 def test_plan_to_file_and_validate(vgg: Path, tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    done = _run([str(BIN / "pdplan"), str(vgg), "--workers", "4,2", "--bandwidth", "1e10,1e9",
-                 "--schedule", "1f1b-flush", "-o", str(out)])
+    done = _run(
+        [
+            str(BIN / "pdplan"),
+            str(vgg),
+            "--workers",
+            "4,2",
+            "--bandwidth",
+            "1e10,1e9",
+            "--schedule",
+            "1f1b-flush",
+            "-o",
+            str(out),
+        ]
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout == b""
     plan = json.loads(out.read_text())
@@ -105,6 +117,18 @@ def test_show_recosts_a_hand_edited_plan(vgg: Path, tmp_path: Path) -> None:
 def test_usage_errors_exit_2(vgg: Path) -> None:
     levels = _run([str(BIN / "pdplan"), str(vgg), "--workers", "4,2", "--bandwidth", "1e9"])
     assert levels.returncode == 2 and b"one bandwidth per level" in levels.stderr
-    memory = _run([str(BIN / "pdplan"), str(vgg), "--workers", "4", "--bandwidth", "1e9", "--straight", "--memory", "1e3"])
+    memory = _run(
+        [
+            str(BIN / "pdplan"),
+            str(vgg),
+            "--workers",
+            "4",
+            "--bandwidth",
+            "1e9",
+            "--straight",
+            "--memory",
+            "1e3",
+        ]
+    )
     assert memory.returncode == 2 and b"--memory" in memory.stderr
     assert b"Traceback" not in memory.stderr
