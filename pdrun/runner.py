@@ -124,7 +124,9 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s))
     try:
-        return _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
+        out = _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
+        dist.barrier()  # leave together: no rank tears its connections down while a peer still uses them
+        return out
     except BaseException as exc:
         # Record before tearing down: once our peers see the group close, the launcher kills us.
         record_failure(errdir, env.rank, exc)
