@@ -26,6 +26,8 @@ def _progress_bar() -> Iterator[Progress]:
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        # A bar only on a terminal: into a log file or a pipe a live display leaves blank lines.
+        disable=not console.is_terminal,
     )
     with bar:
         yield bar
