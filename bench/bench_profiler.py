@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--model", default="zoo:resnet50")
     parser.add_argument("--model-arg", action="append", default=[])
     parser.add_argument("--data", default="zoo:synthetic_images")
-    parser.add_argument("--data-arg", action="append", default=["size=64"])
+    parser.add_argument("--data-arg", action="append", default=None, help="default for the default data: size=64")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
@@ -67,7 +67,9 @@ def main() -> int:
         model=args.model,
         model_args=parse_kv(args.model_arg, "--model-arg"),
         data=args.data,
-        data_args=parse_kv(args.data_arg, "--data-arg"),
+        data_args=parse_kv(args.data_arg if args.data_arg is not None else ["size=64"], "--data-arg")
+        if args.data_arg is not None or args.data == "zoo:synthetic_images"
+        else {},
     )
     config = ProfileConfig(spec, args.batch_size, args.device, args.warmup, args.repeats, args.threads)
     runs: list[LayerGraph] = []

@@ -27,7 +27,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="zoo:resnet50")
     parser.add_argument("--data", default="zoo:synthetic_images")
-    parser.add_argument("--data-arg", action="append", default=["size=64"])
+    parser.add_argument("--data-arg", action="append", default=None, help="default: size=64")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
@@ -36,7 +36,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         console.print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
         return 2
-    spec = RunSpec(model=args.model, data=args.data, data_args=parse_kv(args.data_arg, "--data-arg"))
+    spec = RunSpec(model=args.model, data=args.data, data_args=parse_kv(args.data_arg or ["size=64"], "--data-arg"))
     graph = profile_spec(ProfileConfig(spec, args.batch_size, "cuda", args.warmup, args.repeats)).graph
     if args.output:
         save_graph(graph, args.output)
