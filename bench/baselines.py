@@ -76,10 +76,12 @@ class RankTimes:
     total_s: float
     compute_s: float
     optimizer_s: float
+    comm_s: float = math.nan  # in communication calls and waiting on them (pipelining only)
 
     @property
     def other_s(self) -> float:
-        return max(0.0, self.total_s - self.compute_s - self.optimizer_s)
+        comm = 0.0 if math.isnan(self.comm_s) else self.comm_s
+        return max(0.0, self.total_s - self.compute_s - self.optimizer_s - comm)
 
 
 @dataclass
@@ -206,6 +208,7 @@ def _train_loop(
     compute: list[float],
     eval_model: nn.Module | None,
     epoch_steps: int,
+    comm: list[float] | None = None,
 ) -> dict[str, Any]:
     """Run warm-up and timed steps; the rank with ``eval_model`` evaluates after each epoch."""
     val = load_tensors(s.data, s.eval_data_args) if s.eval_data_args is not None and eval_model else None
@@ -214,6 +217,8 @@ def _train_loop(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     compute[0] = 0.0
+    if comm is not None:
+        comm[0] = 0.0
     optimizer_s = 0.0
     losses: list[float] = []
     ends: list[float] = []
@@ -248,6 +253,7 @@ def _train_loop(
         "total_s": clock.total,
         "compute_s": compute[0],
         "optimizer_s": optimizer_s,
+        "comm_s": comm[0] if comm is not None else math.nan,
         "losses": losses,
         "ends": ends,
         "evals": evals,
@@ -337,6 +343,12 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     stage.forward_one_chunk = _timed(stage.forward_one_chunk, compute)  # type: ignore[method-assign]
     stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute)  # type: ignore[method-assign]
     schedule._compute_loss = _timed(schedule._compute_loss, compute)  # type: ignore[method-assign]
+    # Posting sends/receives and waiting for them (with the emulated link's sleep, when set).
+    from torch.distributed.pipelining import schedules
+
+    comm = [0.0]
+    schedules._batch_p2p = _timed(schedules._batch_p2p, comm)
+    schedules._wait_batch_p2p = _timed(schedules._wait_batch_p2p, comm)
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     opt = torch.optim.SGD(module.parameters(), lr=s.lr, momentum=s.momentum)
@@ -355,7 +367,7 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
             schedule.step()
         return float(torch.stack(losses).detach().mean()) if losses else None
 
-    return _train_loop(s, rank, world, step, opt, compute, None, max(1, order.per_epoch // s.microbatches))
+    return _train_loop(s, rank, world, step, opt, compute, None, max(1, order.per_epoch // s.microbatches), comm)
 
 
 def _worker(rank: int, world: int, port: int, system: str, s: Settings, results: Any) -> None:
@@ -426,7 +438,9 @@ def run(system: str, s: Settings, world: int | None = None) -> Result:
 
 
 def _combine(system: str, world: int, s: Settings, outs: dict[int, dict[str, Any]]) -> Result:
-    ranks = [RankTimes(r, o["total_s"], o["compute_s"], o["optimizer_s"]) for r, o in sorted(outs.items())]
+    ranks = [
+        RankTimes(r, o["total_s"], o["compute_s"], o["optimizer_s"], o["comm_s"]) for r, o in sorted(outs.items())
+    ]
     # Losses come from the rank that computes them (the last stage, or rank 0 of DDP).
     reporter = max((r for r, o in outs.items() if o["losses"]), default=0)
     evals = [tuple(e) for o in outs.values() for e in o["evals"]]

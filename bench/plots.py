@@ -37,14 +37,15 @@ def throughput(rows: list[dict[str, Any]], path: Path) -> str:
 def breakdown(rows: list[dict[str, Any]], path: Path) -> str:
     """Per system and rank: compute against everything else (communication, waiting, overhead)."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels, compute, other = [], [], []
-    for r in rows:
-        labels.append(f"{r['system']} r{r['rank']}")
-        c = float(r.get("compute_s") or 0.0)
-        compute.append(c)
-        other.append(max(0.0, float(r["total_s"]) - c))
-    ax.barh(labels[::-1], compute[::-1], color="tab:green", label="compute (fwd, bwd, loss/step)")
-    ax.barh(labels[::-1], other[::-1], left=compute[::-1], color="tab:orange", label="communication, waiting, overhead")
+    labels = [f"{r['system']} r{r['rank']}" for r in rows][::-1]
+    left = [0.0] * len(rows)
+    parts = (("compute_s", "tab:green", "compute (fwd, bwd, loss, step)"),
+             ("comm_wait_s", "tab:orange", "communication and waiting"),
+             ("other_s", "tab:gray", "other (framework, bookkeeping)"))
+    for key, color, label in parts:
+        values = [_value(r.get(key)) for r in rows][::-1]
+        ax.barh(labels, values, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, values, strict=True)]
     ax.set_xlabel("seconds over the timed steps")
     ax.set_title("Where the time goes, per rank")
     ax.legend(fontsize=8, loc="lower right")
@@ -97,6 +98,10 @@ def planner_speed(rows: list[dict[str, Any]], path: Path) -> str | None:
     ax.set_ylabel("planner seconds")
     ax.set_title("Planner speed")
     return _save(fig, path)
+
+
+def _value(value: Any) -> float:
+    return float(value) if _num(value) else 0.0
 
 
 def _num(value: Any) -> bool:

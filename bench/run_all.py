@@ -40,8 +40,8 @@ PLOTS = HERE / "results"
 EXTERNAL = {
     "bench_planner": ["python", "-m", "bench.bench_planner"],
     "bench_profiler": [
-        "python", "-m", "bench.bench_profiler", "--model", "zoo:mnist_cnn", "--data", "zoo:mnist5k",
-        "--data-arg", "split='train'", "--batch-size", "64",
+        "python", "-m", "bench.bench_profiler", "--model", "zoo:mnist_cnn", "--data", "zoo:synthetic",
+        "--data-arg", "shape=(1,28,28)", "--batch-size", "64",
     ],
 }
 
@@ -101,7 +101,7 @@ def _fmt(value: Any) -> str:
 def _table(rows: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list[str]:
     if not rows:
         return ["(no rows)"]
-    cols = [c for c in rows[0] if c not in skip]
+    cols = [c for c in dict.fromkeys(k for r in rows for k in r) if c not in skip]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return out
