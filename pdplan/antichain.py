@@ -62,15 +62,23 @@ def _bits(mask: int) -> list[int]:
 
 def _leaks(problem: Problem, anc: list[int], succ: list[int]) -> list[int]:
     """For node x: its ancestors with an edge leaving x's downset (they join x's augmented antichain)."""
-    out = []
-    for x in range(problem.size):
-        inside = anc[x]
-        leak = 0
-        for p in _bits(inside & ~(1 << x)):
-            if succ[p] & ~inside:
-                leak |= 1 << p
-        out.append(leak)
+    if "leaks" in problem.cache:
+        return problem.cache["leaks"]
+    n = problem.size
+    inside = np.stack([_as_bool(a, n) for a in anc]).astype(np.float32)  # inside[x, p]: p in downset(x)
+    edges = np.stack([_as_bool(m, n) for m in succ]).astype(np.float32)  # edges[p, o]: p -> o
+    # leaving[x, p] > 0: p has a successor outside downset(x)
+    leaving = (1.0 - inside) @ edges.T
+    strict = inside.astype(bool)
+    strict[np.arange(n), np.arange(n)] = False
+    mask = strict & (leaving > 0.5)
+    out = [_from_bool(row) for row in mask]
+    problem.cache["leaks"] = out
     return out
+
+
+def _from_bool(row: NDArray[np.bool_]) -> int:
+    return int.from_bytes(np.packbits(row, bitorder="little").tobytes(), "little")
 
 
 def enumerate_downsets(

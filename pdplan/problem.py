@@ -38,6 +38,7 @@ class Problem:
     attached: dict[str, str] = field(default_factory=dict)  # dropped sink -> its producer
     members: dict[int, list[str]] = field(default_factory=dict)  # node -> graph nodes it stands for
     output_bytes: list[float] | None = None  # the tensor leaving a merged node: its last member's
+    cache: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     def outputs(self) -> list[float]:
         """Bytes each node sends out (what crosses a cut after it)."""
@@ -49,19 +50,25 @@ class Problem:
 
     def ancestor_masks(self) -> list[int]:
         """Bit masks of each node's downset (itself and every ancestor); nodes are in topological order."""
+        if "anc" in self.cache:
+            return self.cache["anc"]
         anc = [0] * self.size
         for v in range(self.size):
             mask = 1 << v
             for p in self.preds[v]:
                 mask |= anc[p]
             anc[v] = mask
+        self.cache["anc"] = anc
         return anc
 
     def successor_masks(self) -> list[int]:
+        if "succ" in self.cache:
+            return self.cache["succ"]
         out = [0] * self.size
         for v in range(self.size):
             for s in self.succs[v]:
                 out[v] |= 1 << s
+        self.cache["succ"] = out
         return out
 
     def layers_of(self, node: int) -> list[str]:

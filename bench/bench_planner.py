@@ -1,0 +1,126 @@
+"""The planner's speed beside the size of the problem, against the paper's optimizer's times.
+
+Each case loads a layer graph (a PipeDream profile through ``pdprof import-pipedream``'s
+parser, or a synthetic chain), plans it with ``pdplan``'s library call and records the
+state count, the search used (all antichain states, the series-compressed DAG's, or
+topological prefixes) and the wall time of the whole planning call (best of ``--repeat``).
+The reference times are those the issue measured for the paper's optimizer on this
+machine (pure Python, cubic in the states).
+
+    python -m bench.bench_planner              # JSON rows on stdout, a table on stderr
+    python -m bench.bench_planner --only inception_v3_compressed --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from pdplan.build import PlanConfig, make_plan
+from pdprof.pipedream_import import parse_pipedream
+from shared.cli import console
+from shared.graph import Edge, LayerGraph, Node
+
+PROFILES = Path(__file__).resolve().parent.parent.parent / "shared" / "pipedream-profiles"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    source: str  # a profile name or "chain:N"
+    workers: tuple[int, ...]
+    bandwidths: tuple[float, ...]
+    reference_s: float | None = None  # the paper's optimizer, as measured in the issue
+    target_s: float | None = None  # what the issue asks of ours
+
+
+CASES = [
+    Case("inception_v3_compressed", "inception_v3_compressed", (16,), (1e9,), 280.0, 2.8),
+    Case("resnext101", "resnext101", (16,), (1e9,), 32.0, 0.32),
+    Case("densenet121", "densenet121", (16,), (1e9,), 26.0, 0.26),
+    Case("chain2000_3levels", "chain:2000", (8, 8, 16), (1e11, 1e10, 1e9), None, 10.0),
+    Case("inception_v3", "inception_v3", (16,), (1e9,), None, 60.0),
+    Case("nasnetamobile", "nasnetamobile", (16,), (1e9,), None, 60.0),
+    Case("nasnetalarge", "nasnetalarge", (16,), (1e9,), None, None),
+]
+
+
+def synthetic_chain(n: int, seed: int = 0) -> LayerGraph:
+    """A chain of ``n`` layers with random costs (seeded): the input, then n layers."""
+    rng = random.Random(seed)
+    nodes = [Node(id="input", op="input", forward_ms=0, backward_ms=0, activation_bytes=0, parameter_bytes=0)]
+    edges = []
+    prev = "input"
+    for i in range(n):
+        name = f"layer{i}"
+        nodes.append(
+            Node(
+                id=name,
+                forward_ms=rng.uniform(0.1, 5.0),
+                backward_ms=rng.uniform(0.2, 10.0),
+                activation_bytes=rng.uniform(1e5, 5e7),
+                parameter_bytes=rng.uniform(0, 2e7),
+            )
+        )
+        edges.append(Edge(source=prev, target=name))
+        prev = name
+    return LayerGraph(source=f"synthetic:chain{n}", batch_size=32, nodes=nodes, edges=edges)
+
+
+def load(source: str) -> LayerGraph:
+    if source.startswith("chain:"):
+        return synthetic_chain(int(source.split(":", 1)[1]))
+    path = PROFILES / f"{source}.txt"
+    return parse_pipedream(path.read_text(), str(path))
+
+
+def run(case: Case, repeat: int) -> dict[str, object]:
+    graph = load(case.source)
+    config = PlanConfig(workers=case.workers, bandwidths=case.bandwidths)
+    best = float("inf")
+    plan = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = make_plan(graph, config)
+        best = min(best, time.perf_counter() - t0)
+    assert plan is not None and plan.predicted is not None
+    return {
+        "case": case.name,
+        "layers": len(graph.nodes),
+        "workers": "x".join(map(str, case.workers)),
+        "states": plan.predicted.states,
+        "search": plan.predicted.search,
+        "plan_s": round(best, 4),
+        "reference_s": case.reference_s,
+        "faster": round(case.reference_s / best, 1) if case.reference_s else None,
+        "target_s": case.target_s,
+        "meets": None if case.target_s is None else best <= case.target_s,
+        "time_per_minibatch_ms": round(plan.predicted.time_per_minibatch_s * 1000, 4),
+        "stages": len(plan.stages),
+        "speedup_over_dp": round(plan.predicted.speedup_over_data_parallel or 0.0, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="case names to run")
+    parser.add_argument("--repeat", type=int, default=1, help="plan each case this many times, keep the best")
+    args = parser.parse_args()
+    rows = [run(c, args.repeat) for c in CASES if args.only is None or c.name in args.only]
+    table = Table(title="pdplan: planning time (the machine may be shared: figures are noisy)")
+    for col in rows[0] if rows else []:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    console.print(table, width=max(console.width, 160))
+    print(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
