@@ -87,11 +87,15 @@ def prediction(rows: list[dict[str, Any]], path: Path) -> str:
 
 def planner_speed(rows: list[dict[str, Any]], path: Path) -> str | None:
     """Planner wall time against graph size, when the planner benchmark reports rows with both."""
-    pts = [(float(r["nodes"]), float(r["seconds"])) for r in rows if _num(r.get("nodes")) and _num(r.get("seconds"))]
+    pts = [(float(r["layers"]), float(r["plan_s"])) for r in rows if _num(r.get("layers")) and _num(r.get("plan_s"))]
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], label="pdplan")
+    refs = [(float(r["layers"]), float(r["reference_s"])) for r in rows if _num(r.get("reference_s"))]
+    if refs:
+        ax.scatter([p[0] for p in refs], [p[1] for p in refs], marker="x", label="paper's optimizer")
+        ax.legend(fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("layers in the graph")

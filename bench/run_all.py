@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plots
-from bench.measure import Report
+from bench.measure import Figure, Report, check
 from shared.cli import console
 from shared.io import atomic_write_bytes
 
@@ -122,7 +122,7 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
         return [kv for k, v in data.items() for kv in _flatten(v, f"{prefix}{k}.")]
     if isinstance(data, list):
         if data and all(isinstance(x, dict) for x in data):
-            return [(prefix.rstrip("."), f"{len(data)} rows (see the table below)")]
+            return [(prefix.rstrip("."), f"{len(data)} rows")]
         return [(prefix.rstrip("."), data)]
     return [(prefix.rstrip("."), data)]
 
@@ -132,6 +132,8 @@ def _external_section(name: str, ext: dict[str, Any] | None) -> list[str]:
         return []
     out = [f"## {name}", "", f"Reproduce: `{ext['command']}`", ""]
     result = ext["result"]
+    if isinstance(result, list) and result and all(isinstance(x, dict) for x in result):
+        return [*out, *_table(result), ""]
     out += ["| field | value |", "|---|---|"]
     out += [f"| {k} | {_fmt(v)} |" for k, v in _flatten(result) if not isinstance(v, (dict,))]
     if isinstance(result, dict):
@@ -141,11 +143,42 @@ def _external_section(name: str, ext: dict[str, Any] | None) -> list[str]:
     return [*out, ""]
 
 
+def external_figures(name: str, ext: dict[str, Any] | None) -> Report | None:
+    """The figures the planner's and the profiler's benchmarks report, for the summary table."""
+    if ext is None:
+        return None
+    rep = Report(name, ext["command"])
+    result = ext["result"]
+    if name == "bench_planner" and isinstance(result, list):
+        for row in result:
+            if not isinstance(row, dict) or not isinstance(row.get("plan_s"), (int, float)):
+                continue
+            target = row.get("target_s")
+            rep.add(Figure(
+                f"planner seconds: {row.get('case')} ({row.get('layers')} layers)", float(row["plan_s"]), " s",
+                f"{ext['command']} --only {row.get('case')}",
+                target=f"<= {target}" if target is not None else "",
+                meets=check(float(row["plan_s"]), "<=", float(target)) if target is not None else None,
+            ))
+            if isinstance(row.get("faster"), (int, float)):
+                rep.add(Figure(f"paper's optimizer time / ours: {row.get('case')}", float(row["faster"]), "x",
+                               f"{ext['command']} --only {row.get('case')}"))
+    if name == "bench_profiler" and isinstance(result, dict):
+        for i, run in enumerate(result.get("runs") or []):
+            if isinstance(run, dict) and isinstance(run.get("ratio"), (int, float)):
+                ratio = float(run["ratio"])
+                rep.add(Figure(f"pdprof layer sum / whole step, {result.get('model')} (run {i + 1})", ratio, "",
+                               ext["command"], target="0.85 .. 1.15",
+                               meets=check(ratio, ">=", 0.85) and check(ratio, "<=", 1.15)))
+    return rep
+
+
 def write_results(
     reports: dict[str, Report | None], external: dict[str, dict[str, Any] | None], log: list[str],
     plot_files: dict[str, str], quick: bool, seconds: float,
 ) -> str:
     done = [r for r in reports.values() if r is not None]
+    done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
     lines = [
         "# Benchmarks",
         "",
@@ -225,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         if name.removeprefix("bench_") in wanted:
             external[name] = _run_external(name, cmd, 120 if args.quick else 300, log)
     planner = external.get("bench_planner")
-    if planner is not None and isinstance(planner["result"], dict):
-        rows = next((v for v in planner["result"].values() if isinstance(v, list)), [])
-        made = plots.planner_speed([r for r in rows if isinstance(r, dict)], PLOTS / "planner_speed.png")
+    if planner is not None and isinstance(planner["result"], list):
+        rows = [r for r in planner["result"] if isinstance(r, dict)]
+        made = plots.planner_speed(rows, PLOTS / "planner_speed.png")
         if made:
             plot_files["planner"] = made
 
