@@ -32,14 +32,24 @@ from shared.spec import RunSpec
 console = Console(stderr=True, highlight=False)
 
 
-def agreement(a: LayerGraph, b: LayerGraph, min_ms: float) -> dict[str, Any]:
-    """Per layer and phase above ``min_ms`` in either run: the relative difference of the two runs."""
+def _rel(x: float, y: float) -> float:
+    return abs(x - y) / min(x, y) if min(x, y) > 0 else float("inf")
+
+
+def agreement(a: LayerGraph, b: LayerGraph, min_ms: float, per_layer: bool = False) -> dict[str, Any]:
+    """The relative difference of the two runs for every figure above ``min_ms`` in either run:
+    each layer's forward and backward apart, or (``per_layer``) each layer's forward + backward."""
     diffs: list[tuple[str, float, float, float]] = []
     for na, nb in zip(a.nodes, b.nodes, strict=True):
+        if per_layer:
+            x, y = na.forward_ms + na.backward_ms, nb.forward_ms + nb.backward_ms
+            if max(x, y) > min_ms:
+                diffs.append((na.id, x, y, _rel(x, y)))
+            continue
         for phase in ("forward_ms", "backward_ms"):
             x, y = getattr(na, phase), getattr(nb, phase)
             if max(x, y) > min_ms:
-                diffs.append((f"{na.id}.{phase[:-3]}", x, y, abs(x - y) / min(x, y) if min(x, y) > 0 else float("inf")))
+                diffs.append((f"{na.id}.{phase[:-3]}", x, y, _rel(x, y)))
     worst = sorted(diffs, key=lambda d: d[3], reverse=True)
     return {
         "figures_compared": len(diffs),
@@ -87,6 +97,7 @@ def main() -> int:
                       f"ratio {timing.ratio:.3f} ({time.perf_counter() - start:.0f} s)")
     result["layers"] = len(runs[0].nodes)
     result["agreement"] = agreement(runs[0], runs[1], args.min_ms)
+    result["layer_agreement"] = agreement(runs[0], runs[1], args.min_ms, per_layer=True)
 
     table = Table(title=f"{args.model} batch {args.batch_size}: figures above {args.min_ms} ms, run 1 vs run 2")
     for column in ("figure", "run 1 ms", "run 2 ms", "difference"):
@@ -95,7 +106,12 @@ def main() -> int:
         table.add_row(row["figure"], f"{row['run1_ms']:.2f}", f"{row['run2_ms']:.2f}", f"{100 * row['rel_diff']:.1f}%")
     console.print(table)
     agree = result["agreement"]
-    console.print(f"{agree['within_10pct']} of {agree['figures_compared']} figures agree within 10%")
+    layers = result["layer_agreement"]
+    console.print(
+        f"{agree['within_10pct']} of {agree['figures_compared']} figures (forward, backward) and "
+        f"{layers['within_10pct']} of {layers['figures_compared']} layers (forward + backward) above "
+        f"{args.min_ms} ms agree within 10%; worst {100 * agree['max_rel_diff']:.1f}% and {100 * layers['max_rel_diff']:.1f}%"
+    )
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

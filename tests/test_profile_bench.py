@@ -23,6 +23,10 @@ def test_agreement_compares_figures_above_the_threshold() -> None:
     assert result["within_10pct"] == 2
     assert result["max_rel_diff"] == pytest.approx(0.5)
     assert result["worst"][0]["figure"] == "drift.forward"
+    layers = bench_profiler.agreement(a, b, min_ms=1.0, per_layer=True)
+    # big: 30 vs 30.5; drift: 2.1 vs 3.1; small: 0.7 vs 1.1 (above 1 ms in one run)
+    assert layers["figures_compared"] == 3 and layers["within_10pct"] == 1
+    assert [w["figure"] for w in layers["worst"]] == ["small", "drift", "big"]
 
 
 def test_bench_runs_end_to_end_on_a_small_model(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
