@@ -111,12 +111,12 @@ def profile_model(
         rounds = config.warmup + config.repeats
         steps: list[float] = []
         samples: list[StepTimes] = []
+        pair: list[Callable[[], Any]] = [
+            lambda: whole_step(model, inputs, target, loss_fn, clock),
+            lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
+        ]
         for r in range(rounds):
             # Alternate which of the two goes first, so neither always runs on a warmer cache.
-            pair: list[Callable[[], Any]] = [
-                lambda: whole_step(model, inputs, target, loss_fn, clock),
-                lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
-            ]
             results: dict[int, Any] = {}
             for k in ((0, 1) if r % 2 == 0 else (1, 0)):
                 results[k] = pair[k]()
