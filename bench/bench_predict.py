@@ -69,8 +69,8 @@ def measure(case: Case, cfg: Config, work: Path, index: int) -> dict[str, Any]:
         plan_path, metrics, steps=cfg.steps + cfg.warmup, extra=["--no-val", "-q"],
         bandwidth=case.bandwidth if case.emulate else None,
     )
-    t = pdrun_timing(metrics, cfg.warmup, plan.batch_size)
-    measured = t.seconds / t.steps  # 1F1B: one unit per step
+    t = pdrun_timing(metrics, cfg.warmup)
+    measured = t.seconds / (t.samples / plan.batch_size)  # per unit (minibatch)
     shape = " | ".join(f"{len(st.layers)} layers x{st.replicas}" for st in plan.stages)
     return {
         "case": case.name,

@@ -84,7 +84,7 @@ def run_pdrun(plan_path: Path, schedule: str, cfg: Config, work: Path, tag: str,
     extra = ["--schedule", schedule, "--microbatches", str(cfg.microbatches), "--lr", f"{cfg.lr:g}"]
     extra += ["--momentum", f"{cfg.momentum:g}", "--no-val", "-q"]
     done, _ = toolchain.pdrun(plan_path, metrics, steps=(cfg.steps + cfg.warmup) * scale, extra=extra, **kw)
-    return done.cmd, pdrun_timing(metrics, cfg.warmup * scale, cfg.batch_size * ups)
+    return done.cmd, pdrun_timing(metrics, cfg.warmup * scale)
 
 
 def make_plan(work: Path, cfg: Config) -> tuple[Path, list[str]]:

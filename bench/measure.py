@@ -80,12 +80,18 @@ class PdrunTiming:
         return self.samples / self.seconds if self.seconds > 0 else math.nan
 
 
-def pdrun_timing(metrics: Path, warmup_steps: int, samples_per_step: int) -> PdrunTiming:
-    """The steps after ``warmup_steps`` in pdrun's metrics: the slowest rank's wall time bounds them."""
+def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
+    """The steps after ``warmup_steps`` in pdrun's metrics: the slowest rank's wall time bounds them.
+
+    The samples are those the input stage's replicas trained in these steps (each row's
+    samples/s times its wall time), so a step of several units or replicas counts them all.
+    """
     df = pd.read_parquet(metrics)
     timed = df[df["step"] >= warmup_steps]
     if timed.empty:
         raise ValueError(f"{metrics}: no steps after the {warmup_steps} warm-up steps")
+    first = timed[timed["stage"] == 0]
+    samples = round(float((first["samples_per_s"] * first["wall_s"]).sum()))
     ranks: list[dict[str, float]] = []
     for rank, rows in timed.groupby("rank"):
         row = {"rank": float(str(rank)), "total_s": float(rows["wall_s"].sum())}
@@ -96,7 +102,7 @@ def pdrun_timing(metrics: Path, warmup_steps: int, samples_per_step: int) -> Pdr
     # Each step's loss, on the rank(s) that compute it (the last stage).
     loss_rows = timed.dropna(subset=["loss"]).groupby("step")["loss"].mean()
     return PdrunTiming(
-        samples=steps * samples_per_step,
+        samples=samples,
         seconds=max(r["total_s"] for r in ranks),
         steps=steps,
         ranks=ranks,

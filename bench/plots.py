@@ -48,7 +48,7 @@ def breakdown(rows: list[dict[str, Any]], path: Path) -> str:
         left = [a + b for a, b in zip(left, values, strict=True)]
     ax.set_xlabel("seconds over the timed steps")
     ax.set_title("Where the time goes, per rank")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.4, -0.16), ncol=3)
     return _save(fig, path)
 
 
