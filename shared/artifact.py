@@ -114,6 +114,9 @@ def parse_json(text: str, source: str, what: str) -> Any:
         ) from None
     except RecursionError:
         raise ArtifactError(source, "", f"JSON nested too deeply to read (expected {what})") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's guard against slow parsing)
+        reason = " ".join(str(exc).split(":")[0].split())
+        raise ArtifactError(source, "", f"not readable JSON: {reason} (expected {what})") from None
 
 
 def check_format(data: Any, source: str, expected: str) -> None:

@@ -207,7 +207,9 @@ def mutate_json(draw: st.DrawFn, doc: dict[str, Any], fmt: str) -> bytes:
 @st.composite
 def damage(draw: st.DrawFn, data: bytes) -> bytes:
     """Usually ``data`` as it is; sometimes truncated, overwritten in places, or replaced."""
-    how = draw(st.sampled_from(["keep"] * 6 + ["truncate", "overwrite", "random", "bom", "latin1"]))
+    how = draw(
+        st.sampled_from(["keep"] * 6 + ["truncate", "overwrite", "random", "bom", "latin1", "huge", "deep"])
+    )
     if how == "truncate" and data:
         return data[: draw(st.integers(0, len(data) - 1))]
     if how == "overwrite" and data:
@@ -221,6 +223,11 @@ def damage(draw: st.DrawFn, data: bytes) -> bytes:
         return b"\xef\xbb\xbf" + data
     if how == "latin1":
         return data + "caf\u00e9".encode("latin-1")
+    if how == "huge":  # a number of 5,000 digits where the first digit was
+        at = next((i for i, c in enumerate(data) if chr(c).isdigit()), len(data))
+        return data[:at] + b"9" * 5000 + data[at + 1 :]
+    if how == "deep":  # nesting deeper than any parser's stack
+        return b"[" * 100_000 + data + b"]" * 100_000
     return data
 
 
@@ -791,3 +798,28 @@ def test_an_output_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         f"pdprof: error: {tmp_path}/nope/g.json: cannot write: directory {tmp_path}/nope does not exist"
     ]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            b'{"format": "pdplan.plan/1", "world_size": ' + b"9" * 5000 + b"}",
+            "not readable JSON: Exceeds the limit (4300 digits)",
+        ),
+        (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply to read"),
+        (
+            json.dumps({**_PLAN_DOCS[0], "batch_size": 7}).replace('"batch_size": 7', '"batch_size": 1e999').encode(),
+            "batch_size: Input should be a finite number (got Infinity)",
+        ),
+        (b"\xef\xbb\xbf{}", "format: required field is missing"),  # a byte-order mark is skipped
+        (b"", "empty input"),
+    ],
+)
+def test_json_edge_inputs_are_one_line(tmp_path: Path, data: bytes, expected: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_bytes(data)
+    with pytest.raises(ArtifactError) as info:
+        load_plan(path)
+    assert str(info.value).startswith(f"{path}: ") and expected in str(info.value)
+    assert outcome(load_plan, path, data, None) == "error"
