@@ -40,15 +40,20 @@ def sequential(
     return initial, _train(model, data, loss_fn, opt, steps, batch, seed, dtype)
 
 
-def _train(model: Any, data: Any, loss_fn: Any, opt: Any, steps: int, batch: int, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def unit_batch(data: Any, k: int, batch: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch ``k`` of ``batch`` samples: epoch ``k // B`` shuffled with seed + epoch, full batches only."""
     n = len(data)
-    per_epoch = n // batch
+    epoch, b = divmod(k, n // batch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+    idx = order[b * batch : (b + 1) * batch]
+    x = torch.stack([data[int(i)][0] for i in idx]).to(dtype)
+    y = torch.stack([torch.as_tensor(data[int(i)][1]) for i in idx])
+    return x, y
+
+
+def _train(model: Any, data: Any, loss_fn: Any, opt: Any, steps: int, batch: int, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     for step in range(steps):
-        epoch, b = divmod(step, per_epoch)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-        idx = order[b * batch : (b + 1) * batch]
-        x = torch.stack([data[int(i)][0] for i in idx]).to(dtype)
-        y = torch.stack([torch.as_tensor(data[int(i)][1]) for i in idx])
+        x, y = unit_batch(data, step, batch, seed, dtype)
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()

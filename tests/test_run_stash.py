@@ -7,6 +7,7 @@ themselves) its forward ran on and the one its backward differentiated.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,10 +18,12 @@ from pdrun.launch import launch
 from pdrun.plans import cut_plan
 from pdrun.runner import WorkerResult
 from shared.schedule import build_program, max_in_flight
-from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
+from shared.resolve import resolve_dataset, resolve_loss, resolve_model
+from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential, unit_batch
 
 CUTS = [3, 6, 9]  # 4 stages
 STEPS = 16
+LR, MOMENTUM, SEED = 0.2, 0.5, 0
 
 
 def _log(results: list[WorkerResult]) -> list[dict[str, Any]]:
@@ -31,9 +34,38 @@ def _log(results: list[WorkerResult]) -> list[dict[str, Any]]:
 
 def _run(**kwargs: Any) -> list[WorkerResult]:
     plan = cut_plan(RESMLP, CUTS, batch_size=16, schedule="1f1b", vertical_sync=kwargs.pop("vertical_sync", False))
-    results = launch(plan, RunConfig(steps=STEPS, lr=0.2, record=True, validate=False, **kwargs))
+    cfg = RunConfig(steps=STEPS, seed=SEED, lr=LR, momentum=MOMENTUM, dtype="float64", record=True, validate=False)
+    results = launch(plan, replace(cfg, **kwargs))
     assert results is not None
     return results
+
+
+def stale_sgd(results: list[WorkerResult], batch: int = 16) -> dict[str, torch.Tensor]:
+    """PipeDream's update rule, written out sequentially on the whole model, from the recorded versions.
+
+    Unit k's gradient at stage s is taken on that stage's weights after v(k, s) steps (the version the
+    worker recorded for its forward) and applied to the latest weights: ``w <- w - lr * grad(w_v)``.
+    """
+    assert RESMLP.model is not None and RESMLP.data is not None
+    torch.manual_seed(SEED)
+    model = resolve_model(RESMLP.model, RESMLP.model_args).double()
+    data = resolve_dataset(RESMLP.data, RESMLP.data_args)
+    loss_fn = resolve_loss(RESMLP.loss)
+    stage_of = {name: r.stage for r in results for name in r.params}
+    version = {(row["unit"], row["stage"]): row["forward_version"] for r in results for row in r.versions}
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    live = dict(model.named_parameters())
+    history = [{n: p.detach().clone() for n, p in live.items()}]  # history[v]: after v steps
+    for k in range(STEPS):
+        x, y = unit_batch(data, k, batch, SEED, torch.float64)
+        used = {n: history[version[(k, stage_of[n])]][n].clone().requires_grad_() for n in live}
+        loss = loss_fn(torch.func.functional_call(model, used, (x,)), y)
+        grads = torch.autograd.grad(loss, list(used.values()))
+        for (n, p), g in zip(live.items(), grads, strict=True):
+            p.grad = g
+        opt.step()
+        history.append({n: p.detach().clone() for n, p in live.items()})
+    return history[-1]
 
 
 @pytest.mark.timeout(120)
@@ -57,14 +89,21 @@ def test_stashing_backward_uses_forward_weights() -> None:
     for row in log:
         per_unit[row["unit"]].add(row["forward_version"])
     assert any(len(v) > 1 for v in per_unit.values()), "vertical sync is off: stages should disagree somewhere"
+    # The weights are exactly PipeDream's update rule with those versions.
+    assert_same(pipeline_params(results), stale_sgd(results), 1e-6)
 
 
 @pytest.mark.timeout(120)
 def test_without_stashing_the_mismatch_is_detected() -> None:
-    log = _log(_run(stash=False))
+    results = _run(stash=False)
+    log = _log(results)
     mismatched = [row for row in log if row["backward_print"] != row["forward_print"]]
     assert mismatched, "without stashing some backward must see newer weights than its forward"
     assert all(row["backward_version"] > row["forward_version"] for row in mismatched)
+    # ... and the weights leave PipeDream's rule: the reference built from the forward versions disagrees.
+    want = stale_sgd(results)
+    got = pipeline_params(results)
+    assert max((got[n] - want[n]).abs().max().item() for n in want) > 1e-4
 
 
 @pytest.mark.timeout(120)
@@ -77,6 +116,8 @@ def test_vertical_sync_runs_each_unit_on_one_version() -> None:
         per_unit[row["unit"]].add(row["forward_version"])
     assert all(len(v) == 1 for v in per_unit.values()), {u: v for u, v in per_unit.items() if len(v) > 1}
     assert per_unit[STEPS - 1] == {STEPS - 4}
+    # Every unit saw one consistent model: its gradient is the whole model's at version v(k).
+    assert_same(pipeline_params(results), stale_sgd(results), 1e-6)
 
 
 @pytest.mark.timeout(120)
