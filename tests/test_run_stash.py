@@ -61,7 +61,7 @@ def stale_sgd(results: list[WorkerResult], batch: int = 16) -> dict[str, torch.T
         used = {n: history[version[(k, stage_of[n])]][n].clone().requires_grad_() for n in live}
         loss = loss_fn(torch.func.functional_call(model, used, (x,)), y)
         grads = torch.autograd.grad(loss, list(used.values()))
-        for (n, p), g in zip(live.items(), grads, strict=True):
+        for p, g in zip(live.values(), grads, strict=True):
             p.grad = g
         opt.step()
         history.append({n: p.detach().clone() for n, p in live.items()})
