@@ -30,7 +30,7 @@ from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program
+from shared.schedule import build_program, validate_program
 from shared.tracer import trace
 
 
@@ -59,10 +59,10 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     train_set, _ = datasets(plan.spec)
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
     segs = segments(plan, cfg, units.per_epoch)
-    build_program(
+    validate_program(build_program(
         plan.schedule, [s.replicas for s in plan.stages], segs.lengths[0], microbatches=plan.microbatches,
         stage_edges=sorted(part.edges()), in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
-    )
+    ))
 
 
 def launch(plan: Plan, cfg: RunConfig, nodes: Nodes = Nodes(), source: str = "plan") -> list[WorkerResult] | None:

@@ -34,7 +34,7 @@ from pdrun.worker import Peers, Worker
 from shared.errors import PDError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program
+from shared.schedule import build_program, validate_program
 from shared.tracer import trace
 
 
@@ -203,7 +203,7 @@ def _train(
                     plan.schedule, replicas, length, microbatches=plan.microbatches,
                     stage_edges=sorted(part.edges()), in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
                 )
-                _validate_program(program)
+                validate_program(program)  # every send has its receive, no deadlock: before any runs
                 programs[length] = program
             worker.run(programs[length][(s, replica)], base)
             base += length
@@ -230,14 +230,6 @@ def _train(
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
     return [r for r in gathered if isinstance(r, WorkerResult)] if env.rank == 0 else None
-
-
-def _validate_program(program: Any) -> None:
-    import shared.schedule as schedule
-
-    check = getattr(schedule, "validate_program", None)
-    if check is not None:
-        check(program)
 
 
 class _Progress:

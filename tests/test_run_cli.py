@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,18 @@ def test_worker_failure_and_peer_timeout_are_reported_with_the_rank(tmp_path: Pa
     res = runner.invoke(main, [str(tmp_path / "hang.json"), "--steps", "8", "-q", "--timeout", "3"])
     line = _error(res)
     assert res.exit_code == 1 and "worker rank 0 failed: RunError" in line and "from rank 1 within 3s" in line
+
+
+@pytest.mark.timeout(150)
+def test_under_torchrun_each_process_is_one_worker(tmp_path: Path) -> None:
+    # torchrun sets RANK/WORLD_SIZE/MASTER_ADDR: pdrun then runs as that one worker; rank 0 reports.
+    plan = _plan(tmp_path)
+    pdrun = Path(sys.executable).parent / "pdrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(pdrun),
+           str(plan), "--steps", "2", "-q", "--no-val", "--metrics", str(tmp_path / "m.parquet")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)  # one JSON document: only rank 0 printed
+    assert summary["steps"] == 2 and summary["world_size"] == 2
+    df, _ = load_table(tmp_path / "m.parquet", RUN_METRICS)
+    assert sorted(set(df["rank"])) == [0, 1]
