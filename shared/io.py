@@ -26,6 +26,8 @@ def display_name(source: str | os.PathLike[str]) -> str:
 def read_bytes(source: str | os.PathLike[str], what: str) -> bytes:
     """Read ``source`` (a path or ``-``); ``what`` names the expected content for errors."""
     if str(source) == STDIO:
+        if sys.stdin is None:  # started with standard input closed (`cmd <&-`)
+            raise UserError(f"expected {what} on standard input, but it is closed: pass a file instead")
         if sys.stdin.isatty():
             raise UserError(
                 f"expected {what} on standard input, but it is a terminal: "

@@ -35,6 +35,7 @@ TOOLS = ("pdprof", "pdplan", "pdrun")
 class Case:
     argv: tuple[str, ...]
     stdin: bytes | None = None  # None: a pseudo-terminal
+    closed: bool = False  # start with standard input closed instead
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ CASES = {
     "debug traceback": Case(("pdplan", "--debug", "show", "-"), b"{}\n"),
     "terminal to pdplan show": Case(("pdplan", "show")),
     "terminal to pdrun": Case(("pdrun", "-")),
+    "closed stdin to pdplan show": Case(("pdplan", "show", "-"), closed=True),
     "schema": Case(("pdplan", "schema"), b""),
 }
 
@@ -59,7 +61,11 @@ def _run(case: Case) -> Result:
     exe = str(BIN / case.argv[0])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     env.pop("PIPEDREAM_DEBUG", None)
-    if case.stdin is not None:
+    if case.closed:
+        done = subprocess.run(
+            [exe, *case.argv[1:]], preexec_fn=lambda: os.close(0), capture_output=True, timeout=180, env=env
+        )
+    elif case.stdin is not None:
         done = subprocess.run(
             [exe, *case.argv[1:]], input=case.stdin, capture_output=True, timeout=180, env=env
         )
@@ -133,6 +139,14 @@ def test_a_terminal_on_stdin_is_refused_with_a_hint(results: dict[str, Result], 
     assert r.stderr.splitlines() == [
         f"{tool}: error: expected a stage plan (pdplan.plan/1) on standard input, but it is a terminal: "
         "pass a file, or pipe one in (e.g. `pdprof ... | pdplan ...`)"
+    ]
+
+
+def test_a_closed_stdin_is_refused(results: dict[str, Result]) -> None:
+    r = results["closed stdin to pdplan show"]
+    assert r.code == 2
+    assert r.stderr.splitlines() == [
+        "pdplan: error: expected a stage plan (pdplan.plan/1) on standard input, but it is closed: pass a file instead"
     ]
 
 
