@@ -16,10 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=True, highlight=False)
+from shared.cli import console
 
 
 def _bin(name: str) -> str:
@@ -36,6 +35,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--bandwidth", default="1e8", help="bytes/s between the two workers, as planned for")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--train-args", default="--optimizer sgd --lr 0.05 --momentum 0.9",
+                        help="pdrun's training options")
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -47,7 +48,7 @@ def main() -> int:
         f"{q(_bin('pdprof'))} --model {q(args.model)} --data {q(args.data)} --batch-size {args.batch_size} "
         f"--table {q(str(table))} | tee {q(str(graph))} | "
         f"{q(_bin('pdplan'))} - --workers {args.workers} --bandwidth {q(args.bandwidth)} | tee {q(str(plan))} | "
-        f"{q(_bin('pdrun'))} - --epochs {args.epochs} --metrics {q(str(metrics))} > {q(str(summary))}"
+        f"{q(_bin('pdrun'))} - --epochs {args.epochs} {args.train_args} --metrics {q(str(metrics))} > {q(str(summary))}"
     )
     console.rule("[bold]PipeDream demo: pdprof | pdplan | pdrun")
     console.print(pipeline.replace(str(Path(sys.executable).parent) + "/", ""), markup=False)
@@ -60,6 +61,10 @@ def main() -> int:
     result = json.loads(summary.read_text())
     plan_data = json.loads(plan.read_text())
     predicted = plan_data.get("predicted") or {}
+    # A unit is one minibatch of the profiled batch size, so its measured time is batch / throughput.
+    rate = result.get("samples_per_s")
+    if isinstance(rate, (int, float)) and rate > 0:
+        result["time_per_minibatch_s"] = args.batch_size / rate
     _print_summary(result, plan_data, predicted, out)
     return 0
 

@@ -21,7 +21,9 @@ from shared.errors import EXIT_USAGE, PDError, exit_code_for
 from shared.version import __version__
 
 # stderr: the human channel. stdout is kept for JSON.
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+# Off a terminal (logs, CI, pipes) rich would assume 80 columns and wrap tables into
+# unreadable slivers; 120 keeps them whole. On a terminal rich measures the real width.
+console = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 120)
 
 _GROUP_FLAGS = {"--debug"}
 _GROUP_EXITS = {"--help", "-h", "--version"}
