@@ -124,7 +124,8 @@ def parse_kv(pairs: Sequence[str], option: str) -> dict[str, Any]:
             raise click.BadParameter(f"expected key=value with a Python name as key, got {pair!r}", param_hint=option)
         try:
             out[key.strip()] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            # Not a Python literal (or one too deep or too long to read): the text itself.
             out[key.strip()] = value
     return out
 

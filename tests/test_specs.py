@@ -13,12 +13,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from shared.cli import parse_kv
 from shared.errors import SpecError, UserError
 from shared.resolve import cross_entropy, mse, resolve_dataset, resolve_loss, resolve_model
 
@@ -210,7 +212,9 @@ FILES = [*USER_CODE, "missing.py", "a_directory.py", "sub/none.py"]
 ZOO = ["resmlp", "mnist_cnn", "resmpl", "RESMLP", "synthetic", "zz", "", "a b", "x\ny", "../resmlp"]
 ARG_KEYS = ["width", "depth", "in_features", "out_features", "classes", "channels", "size", "shape",
             "num_classes", "split", "seed", "bogus"]  # fmt: skip
-ARG_VALUES: st.SearchStrategy[Any] = st.integers(-3, 8) | st.sampled_from(["x", "val", None, [2], [-1], 1.5, True, {}])
+ARG_VALUES: st.SearchStrategy[Any] = st.integers(-3, 8) | st.sampled_from(
+    ["x", "val", None, [2], [-1], 1.5, True, {}]
+)
 
 
 @st.composite
@@ -256,3 +260,27 @@ def test_spec_resolver_fuzz(user_dir: Path) -> None:
     check()
     assert sum(seen.values()) >= 1000
     assert seen["error"] >= 700 and seen["ok"] >= 10, dict(seen)
+
+
+# --- keyword arguments on the command line (--model-arg K=V) --------------------------------
+
+
+def test_keyword_arguments_are_python_literals_or_text() -> None:
+    got = parse_kv(
+        ["width=64", "shape=(3, 224, 224)", "name=resnet", "ratio=0.5", "flag=True"], "--model-arg"
+    )
+    assert got == {"width": 64, "shape": (3, 224, 224), "name": "resnet", "ratio": 0.5, "flag": True}
+    # Too deep or too long to read as a literal: kept as text, never a crash.
+    assert parse_kv(["x=" + "[" * 100_000], "--model-arg")["x"].startswith("[[[")
+    assert parse_kv(["x=" + "9" * 5000], "--model-arg")["x"] == "9" * 5000
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(pairs=st.lists(st.text(max_size=30), max_size=4))
+def test_keyword_argument_fuzz(pairs: list[str]) -> None:
+    try:
+        parsed = parse_kv(pairs, "--model-arg")
+    except click.BadParameter as exc:
+        assert "expected key=value with a Python name as key" in exc.format_message()
+    else:
+        assert set(parsed) <= {p.partition("=")[0].strip() for p in pairs}
