@@ -62,7 +62,7 @@ _KIND_CHECK: dict[str, Callable[[Any], bool]] = {
 def _check_columns(df: pd.DataFrame, fmt: TableFormat, source: str) -> None:
     duplicated = [str(c) for c in df.columns[df.columns.duplicated()]]
     if duplicated:
-        raise ArtifactError(source, f"columns.{duplicated[0]}", "column appears more than once")
+        raise ArtifactError(source, _column_field(duplicated[0]), "column appears more than once")
     for column, kind in fmt.columns.items():
         if column not in df.columns:
             raise ArtifactError(source, f"columns.{column}", f"required column is missing ({fmt.name})")
@@ -118,24 +118,41 @@ def load_table(source: str | os.PathLike[str], fmt: TableFormat) -> tuple[pd.Dat
     name = display_name(source)
     data = read_bytes(source, fmt.what)
     try:
-        table = pq.read_table(io.BytesIO(data))
+        parquet = pq.ParquetFile(io.BytesIO(data))
+        schema = parquet.schema_arrow
     except Exception as exc:  # pyarrow raises several types for a corrupt file
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ArtifactError(name, "", f"not a readable Parquet file ({reason}); expected {fmt.what}") from None
-    raw = (table.schema.metadata or {}).get(META_KEY)
+        raise ArtifactError(name, "", f"not a readable Parquet file ({_reason(exc)}); expected {fmt.what}") from None
+    seen: set[str] = set()
+    for column in schema.names:
+        if column in seen:
+            raise ArtifactError(name, _column_field(column), "column appears more than once")
+        seen.add(column)
+    # The description first: a file that is not this artifact is named as such before its data is read.
+    raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise ArtifactError(name, "metadata.pipedream", f"missing: not written by this toolchain ({fmt.name})")
     try:
         description = json.loads(raw)
-    except ValueError:
-        raise ArtifactError(name, "metadata.pipedream", "not valid JSON") from None
+    except (ValueError, RecursionError):
+        raise ArtifactError(name, "metadata.pipedream", f"not valid JSON (expected {fmt.name}'s description)") from None
     if not isinstance(description, dict) or description.get("format") != fmt.name:
         got = description.get("format") if isinstance(description, dict) else description
-        raise ArtifactError(name, "metadata.pipedream.format", f"expected {fmt.name!r}, got {got!r}")
+        raise ArtifactError(name, "metadata.pipedream.format", f"expected {fmt.name!r}, got {_short(got)}")
     try:
-        df = table.to_pandas()
-    except Exception as exc:  # a damaged pandas block in the metadata, or an unconvertible column
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ArtifactError(name, "", f"cannot read the table's columns ({reason}); expected {fmt.what}") from None
+        df = parquet.read().to_pandas()
+    except Exception as exc:  # damaged data pages, a damaged pandas block in the metadata, an odd column
+        raise ArtifactError(name, "", f"cannot read the table's columns ({_reason(exc)}); expected {fmt.what}") from None
     _check_columns(df, fmt, name)
     return df, description
+
+
+def _reason(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 160 else text[:157] + "..."
+    return text or type(exc).__name__
+
+
+def _column_field(column: object) -> str:
+    """``columns.ms``; a name with odd characters is JSON-quoted so the message stays one line."""
+    text = str(column)
+    return f"columns.{text}" if text.isidentifier() else f"columns[{json.dumps(text)}]"

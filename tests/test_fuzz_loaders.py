@@ -809,7 +809,9 @@ def test_an_output_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
         ),
         (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply to read"),
         (
-            json.dumps({**_PLAN_DOCS[0], "batch_size": 7}).replace('"batch_size": 7', '"batch_size": 1e999').encode(),
+            json.dumps({**_PLAN_DOCS[0], "batch_size": 7})
+            .replace('"batch_size": 7', '"batch_size": 1e999')
+            .encode(),
             "batch_size: Input should be a finite number (got Infinity)",
         ),
         (b"\xef\xbb\xbf{}", "format: required field is missing"),  # a byte-order mark is skipped
@@ -823,3 +825,20 @@ def test_json_edge_inputs_are_one_line(tmp_path: Path, data: bytes, expected: st
         load_plan(path)
     assert str(info.value).startswith(f"{path}: ") and expected in str(info.value)
     assert outcome(load_plan, path, data, None) == "error"
+
+
+def test_table_structure_errors_name_the_column(tmp_path: Path) -> None:
+    df = pd.DataFrame({"layer": ["a"], "phase": ["forward"], "repeat": [0], "ms": [1.0]})
+    meta = json.dumps({"format": "pdprof.table/1"}).encode()
+    path = tmp_path / "p.parquet"
+    path.write_bytes(_raw_parquet(df, meta, duplicate="ms"))
+    with pytest.raises(ArtifactError) as info:
+        load_table(path, PROFILE_TABLE)
+    assert str(info.value) == f"{path}: columns.ms: column appears more than once"
+    path.write_bytes(_raw_parquet(df.rename(columns={"ms": "m\ns"}), meta, duplicate="m\ns"))
+    with pytest.raises(ArtifactError) as info:
+        load_table(path, PROFILE_TABLE)
+    assert str(info.value) == f'{path}: columns["m\\ns"]: column appears more than once'
+    path.write_bytes(_raw_parquet(df, b"[" * 100_000))
+    with pytest.raises(ArtifactError, match=r"metadata\.pipedream: not valid JSON"):
+        load_table(path, PROFILE_TABLE)
