@@ -222,7 +222,7 @@ def test_a_huge_world_size_is_refused_at_once(tmp_path: Path) -> None:
         match=r"world_size: 1000000000000 ranks, but the stages run 4; no stage runs rank\(s\) \[4, 5, 6\] \.\.\.",
     ):
         load_plan(plan)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # enumerating 10**12 ranks would take hours
 
 
 def test_a_saved_plan_passes_and_a_hand_edit_is_caught(tmp_path: Path) -> None:
