@@ -60,15 +60,22 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     parent = target.parent
     if not parent.is_dir():
         raise UserError(f"{target}: cannot write: directory {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    if target.is_dir():
+        raise UserError(f"{target}: cannot write: it is a directory (give a file name)")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:  # a read-only or full directory: the user's to fix, in one line
+        raise UserError(f"{target}: cannot write: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.strerror:
+            raise UserError(f"{target}: cannot write: {exc.strerror}") from None
         raise
 
 

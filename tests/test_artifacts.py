@@ -466,3 +466,24 @@ def test_nan_in_a_graph_is_named(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as info:
         load_graph(path)
     assert str(info.value) == f"{path}: nodes[0].forward_ms: Input should be a finite number (got NaN)"
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    path = tmp_path / "graph.json"
+    path.write_text("old\n")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(UserError) as info:
+        atomic_write_bytes(path, b"new\n")
+    assert str(info.value) == f"{path}: cannot write: No space left on device"
+    assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["graph.json"]
+
+
+def test_writing_over_a_directory_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="cannot write: it is a directory"):
+        atomic_write_bytes(tmp_path, b"{}")
