@@ -106,10 +106,24 @@ class Result:
     def time_per_step_s(self) -> float:
         return self.seconds / self.steps if self.steps else math.nan
 
+    @property
+    def step_s(self) -> list[float]:
+        """Each timed step's duration on the reporting rank."""
+        ends = self.step_end_s
+        return [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
+
+    @property
+    def steady_samples_per_s(self) -> float:
+        """Samples per step over the median step time: robust to another job's burst on a shared machine."""
+        from bench.measure import steady
+
+        return steady(self.samples / self.steps if self.steps else math.nan, self.step_s)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["samples_per_s"] = self.samples_per_s
         out["time_per_step_s"] = self.time_per_step_s
+        out["steady_samples_per_s"] = self.steady_samples_per_s
         return out
 
 

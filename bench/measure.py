@@ -74,10 +74,26 @@ class PdrunTiming:
     steps: int
     ranks: list[dict[str, float]]  # per rank: total_s, compute_s, comm_s, idle_s
     losses: list[float]
+    step_s: list[float] = field(default_factory=list)  # each timed step: the slowest rank's wall time
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def steady_samples_per_s(self) -> float:
+        """Samples per step over the median step time: robust to another job's burst on a shared machine."""
+        return steady(self.samples / self.steps if self.steps else math.nan, self.step_s)
+
+
+def steady(samples_per_step: float, step_s: list[float]) -> float:
+    """``samples_per_step`` over the median of ``step_s``."""
+    if not step_s:
+        return math.nan
+    ordered = sorted(step_s)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return samples_per_step / median if median > 0 else math.nan
 
 
 def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
@@ -107,4 +123,5 @@ def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
         steps=steps,
         ranks=ranks,
         losses=[float(v) for v in loss_rows.to_list()],
+        step_s=[float(v) for v in timed.groupby("step")["wall_s"].max().to_list()],
     )

@@ -29,7 +29,7 @@ def throughput(rows: list[dict[str, Any]], path: Path) -> str:
     ax.barh(names[::-1], values[::-1], color=colors[::-1])
     for i, v in enumerate(values[::-1]):
         ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
-    ax.set_xlabel("samples/s (higher is better)")
+    ax.set_xlabel("samples/s over the median step (higher is better)")
     ax.set_title("Training throughput, same model, split, microbatches and threads")
     return _save(fig, path)
 
