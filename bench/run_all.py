@@ -175,7 +175,7 @@ def external_figures(name: str, ext: dict[str, Any] | None) -> Report | None:
 
 def write_results(
     reports: dict[str, Report | None], external: dict[str, dict[str, Any] | None], log: list[str],
-    plot_files: dict[str, str], quick: bool, seconds: float,
+    plot_files: dict[str, str], quick: bool, seconds: float, load: tuple[float, float],
 ) -> str:
     done = [r for r in reports.values() if r is not None]
     done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
@@ -187,6 +187,9 @@ def write_results(
         f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {_torch_version()}. Every figure "
         "is a ratio or a value measured side by side in this one run; the command after each reproduces it. "
         "How each is measured, and how the slow link is emulated: docs/benchmarks.md.",
+        "",
+        f"Load average (1 min) at the start {load[0]:.1f} and at the end {load[1]:.1f}, on {os.cpu_count()} cores: "
+        "above the core count, other jobs shared the machine and the timings are noisier.",
         "",
     ]
     if quick:
@@ -232,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.only or ["runtime", "predict", "accuracy", "planner", "profiler"])
     quick = ["--quick"] if args.quick else []
     t0 = time.perf_counter()
+    load_start = os.getloadavg()[0]
     log: list[str] = []
     reports: dict[str, Report | None] = {}
     plot_files: dict[str, str] = {}
@@ -265,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             plot_files["planner"] = made
 
     seconds = time.perf_counter() - t0
-    text = write_results(reports, external, log, plot_files, args.quick, seconds)
+    load = (load_start, os.getloadavg()[0])
+    text = write_results(reports, external, log, plot_files, args.quick, seconds, load)
     atomic_write_bytes(RESULTS_MD, text.encode("utf-8"))
     console.print(f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
                   f"plots in {os.path.relpath(PLOTS)}/")
