@@ -136,6 +136,13 @@ def bench(work: Path, cfg: Config) -> Report:
         target = ">= 1.2" if theirs.startswith("pipe") else ""
         report.add(Figure(name, ratio, "x", f"{best_pd[ours][0]}  vs  {base_cmd}", target=target,
                           meets=check(ratio, ">=", 1.2) if target else None))
+    # Equal settings, checked: the flush schedules train exactly what one process trains.
+    for ours, theirs in (("1f1b-flush", "pipe-1f1b"), ("1f1b-flush", "single"), ("gpipe", "pipe-gpipe")):
+        a, b = best_pd[ours][1].losses, best_base[theirs].losses
+        if a and len(a) == len(b):
+            diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
+            report.add(Figure(f"same training: largest per-step loss difference, pdrun {ours} vs {theirs}", diff, "",
+                              f"{best_pd[ours][0]}  vs  {base_cmd}", note="equal settings: ~0 up to float rounding"))
     report.tables["where_time_goes"] = _breakdown(best_pd, best_base)
     eff = _efficiency(plan, best_pd["1f1b"][1])
     if eff is not None:
