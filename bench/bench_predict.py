@@ -75,12 +75,19 @@ def measure(case: Case, cfg: Config, work: Path, index: int) -> dict[str, Any]:
     measured = plan.batch_size / t.steady_samples_per_s
     whole = t.seconds / (t.samples / plan.batch_size)
     shape = " | ".join(f"{len(st.layers)} layers x{st.replicas}" for st in plan.stages)
+    # Where a gap comes from: the bottleneck's compute as planned, and as measured (the busiest rank's
+    # compute share of the interval times the time per unit); the rest is communication and waiting.
+    bottleneck = plan.stages[plan.predicted.bottleneck_stage or 0] if plan.predicted else plan.stages[0]
+    planned_compute = bottleneck.predicted.compute_s / bottleneck.replicas if bottleneck.predicted else math.nan
+    busiest = max(r["compute_s"] for r in t.ranks) / t.seconds if t.seconds > 0 else math.nan
     return {
         "case": case.name,
         "plan": shape,
         "predicted_ms": predicted * 1000,
         "measured_ms": measured * 1000,
         "measured_whole_interval_ms": whole * 1000,
+        "predicted_compute_ms": planned_compute * 1000,
+        "measured_compute_ms": busiest * measured * 1000,
         "predicted_over_measured": predicted / measured if measured > 0 else math.nan,
         "command": f"{prof.cmd} && {planned.cmd} && {done.cmd}",
     }
