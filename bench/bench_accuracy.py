@@ -43,8 +43,8 @@ class Config:
     batch_size: int = 64
     microbatches: int = 4
     epochs: int = 5
-    target: float = 0.93
-    lr: float = 0.05
+    target: float = 0.90
+    lr: float = 0.02
     momentum: float = 0.9
     slow_bandwidth: float = 2e7  # bytes/s of the emulated slow link
     fast_bandwidth: float = 1e9  # what the plan assumes without emulation
