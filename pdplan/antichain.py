@@ -36,6 +36,12 @@ class StateSpace:
     pair_j: IntArray
     pair_start: IntArray  # pairs of j are pair_start[j]:pair_start[j + 1]
     search: str  # "antichain", "compressed" (antichains of the series-compressed DAG) or "prefix"
+    move_src: IntArray  # the antichain DAG's edges (moves), sorted by destination
+    move_dst: IntArray
+
+    @property
+    def has_pairs(self) -> bool:
+        return self.size < 2 or len(self.pair_k) > 0
 
     @property
     def size(self) -> int:
@@ -133,12 +139,23 @@ def prefix_downsets(problem: Problem) -> tuple[list[int], list[int], list[tuple[
     return masks, maxima, [(i, i + 1) for i in range(len(masks) - 1)]
 
 
-def build_space(problem: Problem, max_states: int, max_pairs: int) -> tuple[Problem, StateSpace]:
-    """All antichain states when they fit in the limits; else those of the series-compressed DAG;
-    else the prefixes of a topological order. Returns the problem the states are over."""
+def build_space(
+    problem: Problem, max_states: int, max_pairs: int, pairless: bool = False
+) -> tuple[Problem, StateSpace]:
+    """The states to search, and the problem they are over, in this order of preference:
+
+    1. all antichain states with their precedence pairs, when the pairs fit ``max_pairs``;
+    2. with ``pairless`` (a solver that needs no pairs), all antichain states up to ``max_states``;
+    3. the antichain states (with pairs) of the series-compressed DAG;
+    4. the prefixes of a topological order.
+    """
     found = _fitting(problem, max_states, max_pairs)
     if found is not None:
         return problem, _space(problem, *found, "antichain")
+    if pairless:
+        every = enumerate_downsets(problem, max_states)
+        if every is not None:
+            return problem, _space(problem, *every, "antichain", with_pairs=False)
     small = compress_series(problem)
     found = _fitting(small, max_states, max_pairs)
     if found is not None:
@@ -179,8 +196,31 @@ def coarse_prefix_space(problem: Problem, keep: int) -> StateSpace:
     return _space(problem, masks, maxima, [(i, i + 1) for i in range(len(masks) - 1)], "coarse-prefix")
 
 
+def _matrix(masks: list[int], n: int) -> NDArray[np.float32]:
+    """Rows of 0/1: state j's members (float32, for matrix products)."""
+    width = (n + 7) // 8 or 1
+    raw = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
+    bits = np.unpackbits(raw.reshape(len(masks), width), axis=1, bitorder="little")[:, :n]
+    return bits.astype(np.float32)
+
+
+def _sums(matrix: NDArray[np.float32], values: list[float]) -> FloatArray:
+    # Exact in float64: a 0/1 row times the values, summed in float64 (not float32 BLAS).
+    out = np.empty(matrix.shape[0])
+    vals = np.array(values, dtype=np.float64)
+    step = 65536
+    for i in range(0, matrix.shape[0], step):
+        out[i : i + step] = matrix[i : i + step].astype(np.float64) @ vals
+    return out
+
+
 def _space(
-    problem: Problem, masks: list[int], maxima: list[int], moves: list[tuple[int, int]], search: str
+    problem: Problem,
+    masks: list[int],
+    maxima: list[int],
+    moves: list[tuple[int, int]],
+    search: str,
+    with_pairs: bool = True,
 ) -> StateSpace:
     anc = problem.ancestor_masks()
     succ = problem.successor_masks()
@@ -189,28 +229,42 @@ def _space(
     rank = {old: new for new, old in enumerate(order)}
     masks = [masks[i] for i in order]
     maxima = [maxima[i] for i in order]
-    comp = np.array(problem.compute_s, dtype=np.float64)
-    par = np.array(problem.parameter_bytes, dtype=np.float64)
-    act = np.array(problem.activation_bytes, dtype=np.float64)
-    out = np.array(problem.outputs(), dtype=np.float64)
     n, size = problem.size, len(masks)
-    c_sum = np.empty(size)
-    p_sum = np.empty(size)
-    a_sum = np.empty(size)
-    o_sum = np.empty(size)
-    for j, (d, top) in enumerate(zip(masks, maxima, strict=True)):
-        member = _as_bool(d, n)
-        c_sum[j] = float(comp[member].sum())
-        p_sum[j] = float(par[member].sum())
-        a_sum[j] = float(act[member].sum())
+    members = _matrix(masks, n)
+    augmented = []
+    for top in maxima:
         aug = top
         for x in _bits(top):
             aug |= leak[x]
-        o_sum[j] = float(out[_as_bool(aug, n)].sum())
-    # Precedence: k before j when D_k is a proper subset of D_j; along the moves, as state bit sets.
+        augmented.append(aug)
+    move_src = np.array([rank[a] for a, _ in moves], dtype=np.int64)
+    move_dst = np.array([rank[b] for _, b in moves], dtype=np.int64)
+    by_dst = np.lexsort((move_src, move_dst))
+    move_src, move_dst = move_src[by_dst], move_dst[by_dst]
+    space = StateSpace(
+        masks=masks,
+        compute_s=_sums(members, problem.compute_s),
+        parameter_bytes=_sums(members, problem.parameter_bytes),
+        activation_bytes=_sums(members, problem.activation_bytes),
+        output_bytes=_sums(_matrix(augmented, n), problem.outputs()),
+        pair_k=np.zeros(0, dtype=np.int64),
+        pair_j=np.zeros(0, dtype=np.int64),
+        pair_start=np.zeros(size + 1, dtype=np.int64),
+        search=search,
+        move_src=move_src,
+        move_dst=move_dst,
+    )
+    if with_pairs:
+        _add_pairs(space)
+    return space
+
+
+def _add_pairs(space: StateSpace) -> None:
+    """Precedence: k before j when D_k is a proper subset of D_j; along the moves, as state bit sets."""
+    size = space.size
     preds: list[list[int]] = [[] for _ in range(size)]
-    for a, b in moves:
-        preds[rank[b]].append(rank[a])
+    for a, b in zip(space.move_src.tolist(), space.move_dst.tolist(), strict=True):
+        preds[b].append(a)
     below: list[int] = [0] * size
     ks: list[NDArray[np.int64]] = []
     for j in range(size):
@@ -220,21 +274,9 @@ def _space(
         below[j] = acc
         ks.append(_bit_indices(acc, size))
     counts = np.array([len(k) for k in ks], dtype=np.int64)
-    pair_start = np.zeros(size + 1, dtype=np.int64)
-    np.cumsum(counts, out=pair_start[1:])
-    pair_k = np.concatenate(ks) if ks else np.zeros(0, dtype=np.int64)
-    pair_j = np.repeat(np.arange(size, dtype=np.int64), counts)
-    return StateSpace(
-        masks=masks,
-        compute_s=c_sum,
-        parameter_bytes=p_sum,
-        activation_bytes=a_sum,
-        output_bytes=o_sum,
-        pair_k=pair_k.astype(np.int64),
-        pair_j=pair_j,
-        pair_start=pair_start,
-        search=search,
-    )
+    np.cumsum(counts, out=space.pair_start[1:])
+    space.pair_k = (np.concatenate(ks) if ks else np.zeros(0)).astype(np.int64)
+    space.pair_j = np.repeat(np.arange(size, dtype=np.int64), counts)
 
 
 def _as_bool(mask: int, n: int) -> NDArray[np.bool_]:

@@ -34,7 +34,7 @@ class PlanConfig:
     schedule: Schedule = "1f1b"
     microbatches: int | None = None
     cost_model: str = "pipedream"
-    max_states: int = 200_000
+    max_states: int = 500_000
     max_pairs: int = 4_000_000
     # Hierarchies solve every range at every inner level (cubic in the states).
     max_range_work: float = 3e8
@@ -70,7 +70,9 @@ def level_specs(config: PlanConfig, levels: list[Level]) -> list[LevelSpec]:
 
 
 def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
-    problem2, space = build_space(problem, config.max_states, config.max_pairs)
+    # The bottleneck search (threshold.py) needs no pairs: one level, no memory limit.
+    pairless = len(config.workers) == 1 and config.memory is None
+    problem2, space = build_space(problem, config.max_states, config.max_pairs, pairless)
     if len(config.workers) > 1:
         work = space.size * len(space.pair_k) / 3 * max(config.workers[:-1]) ** 2 / 2
         if work > config.max_range_work:

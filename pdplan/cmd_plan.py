@@ -70,7 +70,7 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
 @click.option(
     "--max-states",
     type=click.IntRange(min=2),
-    default=200_000,
+    default=500_000,
     show_default=True,
     help="Past this many antichain states, plan on the series-compressed DAG, then on a topological order.",
 )

@@ -16,6 +16,7 @@ import numpy as np
 
 from pdplan.antichain import FloatArray, StateSpace
 from pdplan.partition import INF, LevelSpec, RangeCosts, Step, backtrack, innermost_costs, solve, table_costs
+from pdplan.threshold import ThresholdSolver
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,16 @@ def range_tables(space: StateSpace, levels: list[LevelSpec]) -> list[FloatArray]
 
 def plan_levels(space: StateSpace, levels: list[LevelSpec]) -> Solution | None:
     """Solve ``levels`` (innermost first) and unfold the optimum; None when nothing fits."""
+    if not space.has_pairs:
+        # Too many states to list their pairs: the bottleneck search (one level only).
+        if len(levels) != 1:
+            raise ValueError("a state space without pairs is solved for one level only")
+        found = ThresholdSolver(space, levels[0]).solve()
+        if found is None:
+            return None
+        flat: list[FlatStage] = []
+        _unfold(space, levels, [], 0, found[1], [0], 1, flat)
+        return Solution(time_s=found[0], stages=flat)
     inner = range_tables(space, levels)
     top = len(levels) - 1
     costs = _costs(space, top, -1, inner)
