@@ -77,8 +77,12 @@ def test_profile_two_levels(name: str, workers: tuple[int, int]) -> None:
     _check(_graph(name), PlanConfig(workers=workers, bandwidths=(1e10, 1e9)))
 
 
-@pytest.mark.parametrize("name", sorted(BIG - {"nasnetalarge"}))
-def test_big_profiles_plan(name: str) -> None:
-    plan = make_plan(_graph(name), PlanConfig(workers=(16,), bandwidths=(1e9,)))
+@pytest.mark.parametrize(("name", "search"), [("inception_v3", "compressed"), ("nasnetamobile", "prefix")])
+def test_big_profiles_plan(name: str, search: str) -> None:
+    # Capped at 50,000 states to stay fast here; bench/bench_planner.py plans Inception-v3 over
+    # all its 221,564 antichain states.
+    plan = make_plan(_graph(name), PlanConfig(workers=(16,), bandwidths=(1e9,), max_states=50_000))
     check_against_graph(plan, _graph(name))
-    assert plan.predicted is not None and plan.predicted.search in {"compressed", "prefix"}
+    assert plan.predicted is not None and plan.predicted.search == search
+    _, bottleneck, _ = recost(plan, _graph(name))
+    assert math.isclose(bottleneck, plan.predicted.time_per_minibatch_s, rel_tol=1e-9)
