@@ -56,8 +56,16 @@ def check(stages: int, want: dict[str, torch.Tensor]) -> dict[str, Any]:
     cuts = [] if stages == 1 else [7]
     backend: Literal["gloo"] | None = None if torch.cuda.device_count() >= stages else "gloo"
     plan = cut_plan(SPEC, cuts, batch_size=BATCH, schedule="1f1b-flush", microbatches=MICRO)
-    cfg = RunConfig(steps=STEPS, lr=0.1, momentum=0.9, dtype="float64", device="cuda", backend=backend,
-                    record=True, validate=False)
+    cfg = RunConfig(
+        steps=STEPS,
+        lr=0.1,
+        momentum=0.9,
+        dtype="float64",
+        device="cuda",
+        backend=backend,
+        record=True,
+        validate=False,
+    )
     t0 = time.perf_counter()
     results = launch(plan, cfg)
     assert results is not None
@@ -70,9 +78,16 @@ def check(stages: int, want: dict[str, torch.Tensor]) -> dict[str, Any]:
     speed = launch(fast, RunConfig(steps=200, lr=0.05, device="cuda", backend=backend, validate=True))
     assert speed is not None
     s = summary(speed, fast)
-    return {"stages": stages, "backend": backend or "nccl", "max_param_diff_vs_cpu": diff,
-            "equal": diff <= 1e-6, "seconds": time.perf_counter() - t0, "1f1b_samples_per_s": s["samples_per_s"],
-            "1f1b_final_loss": s["final_loss"], "1f1b_val_accuracy": s.get("val_accuracy")}
+    return {
+        "stages": stages,
+        "backend": backend or "nccl",
+        "max_param_diff_vs_cpu": diff,
+        "equal": diff <= 1e-6,
+        "seconds": time.perf_counter() - t0,
+        "1f1b_samples_per_s": s["samples_per_s"],
+        "1f1b_final_loss": s["final_loss"],
+        "1f1b_val_accuracy": s.get("val_accuracy"),
+    }
 
 
 def main() -> int:
@@ -82,10 +97,15 @@ def main() -> int:
     want = sequential_cpu()
     rows = [check(1, want), check(2, want)]
     for row in rows:
-        console.print(f"{row['stages']} stage(s) over {row['backend']}: max |param - cpu| = "
-                      f"{row['max_param_diff_vs_cpu']:.2e}, 1f1b {row['1f1b_samples_per_s']:.0f} samples/s")
-    json.dump({"device": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(), "runs": rows},
-              sys.stdout, indent=2)
+        console.print(
+            f"{row['stages']} stage(s) over {row['backend']}: max |param - cpu| = "
+            f"{row['max_param_diff_vs_cpu']:.2e}, 1f1b {row['1f1b_samples_per_s']:.0f} samples/s"
+        )
+    json.dump(
+        {"device": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(), "runs": rows},
+        sys.stdout,
+        indent=2,
+    )
     sys.stdout.write("\n")
     return 0 if all(r["equal"] for r in rows) else 1
 

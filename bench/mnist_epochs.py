@@ -34,7 +34,9 @@ RUNS: list[tuple[str, list[str], bool]] = [
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--target", type=float, default=0.96)
     args = parser.parse_args()
@@ -47,11 +49,30 @@ def main() -> int:
         assert results is not None
         acc = [e["val_accuracy"] for e in summary(results, plan)["validation"]]
         first = next((i + 1 for i, a in enumerate(acc) if a >= args.target), None)
-        rows.append({"run": name, "stages": len(plan.stages), "in_flight": plan.in_flight,
-                     "val_accuracy": acc, "first_epoch_at_target": first, "seconds": time.perf_counter() - t0})
-        console.print(f"{name}: " + " ".join(f"{a:.1%}" for a in acc) + f"  (>= {args.target:.0%} at epoch {first})")
-    json.dump({"model": MNIST.model, "data": MNIST.data, "target": args.target,
-               "recipe": "sgd lr 0.05 momentum 0.9 wd 5e-4 cosine, batch 64", "runs": rows}, sys.stdout, indent=2)
+        rows.append(
+            {
+                "run": name,
+                "stages": len(plan.stages),
+                "in_flight": plan.in_flight,
+                "val_accuracy": acc,
+                "first_epoch_at_target": first,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+        console.print(
+            f"{name}: " + " ".join(f"{a:.1%}" for a in acc) + f"  (>= {args.target:.0%} at epoch {first})"
+        )
+    json.dump(
+        {
+            "model": MNIST.model,
+            "data": MNIST.data,
+            "target": args.target,
+            "recipe": "sgd lr 0.05 momentum 0.9 wd 5e-4 cosine, batch 64",
+            "runs": rows,
+        },
+        sys.stdout,
+        indent=2,
+    )
     sys.stdout.write("\n")
     return 0
 

@@ -21,7 +21,14 @@ def path_of(directory: str, stage: int) -> Path:
     return Path(directory) / f"stage{stage}.pt"
 
 
-def save(directory: str, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer | None, units: int, graph_hash: str) -> None:
+def save(
+    directory: str,
+    stage: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    units: int,
+    graph_hash: str,
+) -> None:
     """Write stage ``stage``'s state after ``units`` units."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     state = {
@@ -37,7 +44,11 @@ def save(directory: str, stage: int, module: nn.Module, optimizer: torch.optim.O
 
 
 def load(
-    directory: str, stage: int, module: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device,
+    directory: str,
+    stage: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
     graph_hash: str,
 ) -> int:
     """Restore stage ``stage`` from ``directory``; returns the units already trained (0 without a checkpoint)."""
@@ -47,7 +58,9 @@ def load(
     try:
         state = torch.load(path, map_location=device, weights_only=True)
         if state.get("graph_hash") != graph_hash:
-            raise ArtifactError(str(path), "graph_hash", f"a checkpoint of another model, expected {graph_hash[:19]}...")
+            raise ArtifactError(
+                str(path), "graph_hash", f"a checkpoint of another model, expected {graph_hash[:19]}..."
+            )
         module.load_state_dict(state["model"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import click
 
 from pdrun import metrics, timeline
-from pdrun.config import RunConfig
+from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig
 from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
@@ -18,40 +18,108 @@ from shared.plan import SCHEDULES, load_plan
 @click.command("run")
 @click.argument("plan", default="-")
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps to run (default: --epochs 1).")
-@click.option("--epochs", type=click.IntRange(min=1), help="Epochs over the training set; validation after each.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the data order.")
+@click.option(
+    "--epochs", type=click.IntRange(min=1), help="Epochs over the training set; validation after each."
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the weights and the data order."
+)
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
 @click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate.")
-@click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True,
-              help="cosine: decay the learning rate to 0 over the run.")
+@click.option(
+    "--lr-schedule",
+    type=click.Choice(["constant", "cosine"]),
+    default="constant",
+    show_default=True,
+    help="cosine: decay the learning rate to 0 over the run.",
+)
 @click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="Override the plan's schedule.")
-@click.option("--microbatches", type=click.IntRange(min=1), help="Override the plan's units per step (flush schedules).")
-@click.option("--vertical-sync/--no-vertical-sync", default=None, help="1f1b: run each unit on one weight version at every stage.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="gloo on CPU, NCCL on CUDA.")
-@click.option("--backend", type=click.Choice(["gloo", "nccl"]), help="Override the backend (gloo carries CUDA tensors through host memory, e.g. several ranks on one GPU).")
+@click.option(
+    "--microbatches", type=click.IntRange(min=1), help="Override the plan's units per step (flush schedules)."
+)
+@click.option(
+    "--vertical-sync/--no-vertical-sync",
+    default=None,
+    help="1f1b: run each unit on one weight version at every stage.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="gloo on CPU, NCCL on CUDA.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["gloo", "nccl"]),
+    help="Override the backend (gloo carries CUDA tensors through host memory, e.g. several ranks on one GPU).",
+)
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds a worker waits for a peer before the run fails.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per CPU worker.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds a worker waits for a peer before the run fails.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="torch threads per CPU worker.",
+)
 @click.option("--no-val", is_flag=True, help="Skip validation.")
-@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Write run metrics (Parquet).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome-trace timeline (JSON).")
+@click.option(
+    "--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Write run metrics (Parquet)."
+)
+@click.option(
+    "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome-trace timeline (JSON)."
+)
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="Write per-stage checkpoints here.")
 @click.option("--resume", is_flag=True, help="Start from the checkpoints in --checkpoint-dir.")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines in the job.")
+@click.option(
+    "--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines in the job."
+)
 @click.option("--node-rank", type=click.IntRange(min=0), help="This machine's index (static rendezvous).")
 @click.option("--rdzv-endpoint", help="HOST:PORT where the machines meet (with --nnodes > 1).")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), help="Workers on this machine (default: world size / nnodes).")
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    help="Workers on this machine (default: world size / nnodes).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def run(
-    plan: str, steps: int | None, epochs: int | None, seed: int, optimizer: str, lr: float, lr_schedule: str,
+    plan: str,
+    steps: int | None,
+    epochs: int | None,
+    seed: int,
+    optimizer: Optimizer,
+    lr: float,
+    lr_schedule: LrSchedule,
     momentum: float,
-    weight_decay: float, schedule: str | None, microbatches: int | None, vertical_sync: bool | None, device: str,
-    backend: str | None, dtype: str, timeout_s: float, threads: int, no_val: bool, metrics_path: str | None, trace_path: str | None,
-    checkpoint_dir: str | None, resume: bool, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
-    nproc_per_node: int | None, quiet: bool,
+    weight_decay: float,
+    schedule: str | None,
+    microbatches: int | None,
+    vertical_sync: bool | None,
+    device: Device,
+    backend: Backend | None,
+    dtype: Dtype,
+    timeout_s: float,
+    threads: int,
+    no_val: bool,
+    metrics_path: str | None,
+    trace_path: str | None,
+    checkpoint_dir: str | None,
+    resume: bool,
+    nnodes: int,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    nproc_per_node: int | None,
+    quiet: bool,
 ) -> None:
     """Train with PLAN (a path or - for stdin): one worker per rank, the plan's schedule, a JSON summary on stdout."""
     if steps is not None and epochs is not None:
@@ -60,13 +128,32 @@ def run(
         raise click.UsageError("--resume needs --checkpoint-dir")
     p = load_plan(plan)
     cfg = RunConfig(
-        steps=steps, epochs=epochs, seed=seed, optimizer=optimizer, lr=lr, momentum=momentum,  # type: ignore[arg-type]
-        lr_schedule=lr_schedule,  # type: ignore[arg-type]
-        weight_decay=weight_decay, schedule=schedule, microbatches=microbatches, vertical_sync=vertical_sync,
-        device=device, backend=backend, dtype=dtype, timeout_s=timeout_s, threads=threads, validate=not no_val,  # type: ignore[arg-type]
-        metrics=metrics_path, trace=trace_path, checkpoint_dir=checkpoint_dir, resume=resume, progress=not quiet,
+        steps=steps,
+        epochs=epochs,
+        seed=seed,
+        optimizer=optimizer,
+        lr=lr,
+        momentum=momentum,
+        lr_schedule=lr_schedule,
+        weight_decay=weight_decay,
+        schedule=schedule,
+        microbatches=microbatches,
+        vertical_sync=vertical_sync,
+        device=device,
+        backend=backend,
+        dtype=dtype,
+        timeout_s=timeout_s,
+        threads=threads,
+        validate=not no_val,
+        metrics=metrics_path,
+        trace=trace_path,
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+        progress=not quiet,
     )
-    results = launch(p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan))
+    results = launch(
+        p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan)
+    )
     if results is None:
         return  # a worker other than rank 0 under torchrun: rank 0 reports
     from pdrun.runner import effective_plan

@@ -40,7 +40,9 @@ def emulated_bandwidth() -> float | None:
 class Comm:
     """This worker's sends in flight and the time spent communicating."""
 
-    def __init__(self, rank: int, device: torch.device, timeout_s: float, wire: torch.device | None = None) -> None:
+    def __init__(
+        self, rank: int, device: torch.device, timeout_s: float, wire: torch.device | None = None
+    ) -> None:
         self.rank = rank
         self.device = device
         # The backend's device: tensors on another device (CUDA tensors over gloo) go through it.
@@ -82,10 +84,14 @@ class Comm:
                     f"({str(exc).splitlines()[0] if str(exc) else 'timeout'})"
                 ) from None
             if ok is False:
-                raise RunError(f"rank {self.rank}: no {what} of unit {unit} from rank {src} within {self.timeout_s:g}s")
+                raise RunError(
+                    f"rank {self.rank}: no {what} of unit {unit} from rank {src} within {self.timeout_s:g}s"
+                )
         got = int(header[0].item())
         if got != unit:
-            raise RunError(f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}")
+            raise RunError(
+                f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}"
+            )
         return int(header[1].item()), [t.to(self.device) for t in out[1:]]
 
     def reap(self) -> None:

@@ -8,6 +8,9 @@ from typing import Literal
 
 Optimizer = Literal["sgd", "adam"]
 Device = Literal["cpu", "cuda"]
+Backend = Literal["gloo", "nccl"]
+Dtype = Literal["float32", "float64"]
+LrSchedule = Literal["constant", "cosine"]
 
 
 @dataclass(frozen=True)
@@ -19,14 +22,14 @@ class RunConfig:
     seed: int = 0
     optimizer: Optimizer = "sgd"
     lr: float = 0.01
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: lr * (1 + cos(pi * step / steps)) / 2
+    lr_schedule: LrSchedule = "constant"  # cosine: lr * (1 + cos(pi * step / steps)) / 2
     momentum: float = 0.0
     weight_decay: float = 0.0
     schedule: str | None = None  # overrides the plan's
     microbatches: int | None = None  # overrides the plan's
     vertical_sync: bool | None = None  # overrides the plan's
     device: Device = "cpu"
-    backend: Literal["gloo", "nccl"] | None = None  # default: nccl on CUDA, gloo on CPU
+    backend: Backend | None = None  # default: nccl on CUDA, gloo on CPU
     timeout_s: float = 120.0
     threads: int = 1  # torch threads per CPU worker
     validate: bool = True  # validation pass at the end of each epoch (or of the run, with --steps)
@@ -34,7 +37,7 @@ class RunConfig:
     trace: str | None = None  # Chrome trace path
     checkpoint_dir: str | None = None
     resume: bool = False
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: Dtype = "float32"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True
     # Testing only: keep per-unit version records and the final parameters in each worker's result.

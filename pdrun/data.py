@@ -23,7 +23,13 @@ class Units:
     """A dataset cut into units of ``batch_size`` samples, shuffled per epoch."""
 
     def __init__(
-        self, dataset: Any, batch_size: int, seed: int, shuffle: bool = True, name: str = "dataset", pad: bool = False
+        self,
+        dataset: Any,
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        name: str = "dataset",
+        pad: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size

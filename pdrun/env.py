@@ -26,7 +26,9 @@ class DistEnv:
         env = os.environ if environ is None else environ
         missing = [k for k in (*_KEYS, "MASTER_PORT") if k not in env]
         if missing:
-            raise UserError(f"worker environment: {', '.join(missing)} not set (run under torchrun or `pdrun PLAN`)")
+            raise UserError(
+                f"worker environment: {', '.join(missing)} not set (run under torchrun or `pdrun PLAN`)"
+            )
         try:
             return cls(
                 rank=int(env["RANK"]),
@@ -36,7 +38,9 @@ class DistEnv:
                 master_port=int(env["MASTER_PORT"]),
             )
         except ValueError as exc:
-            raise UserError(f"worker environment: expected integers in RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT ({exc})") from None
+            raise UserError(
+                f"worker environment: expected integers in RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT ({exc})"
+            ) from None
 
 
 def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:

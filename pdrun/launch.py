@@ -9,6 +9,7 @@ one worker. The first worker failure is reported with its rank.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -59,13 +60,21 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     train_set, _ = datasets(plan.spec)
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
     segs = segments(plan, cfg, units.per_epoch)
-    validate_program(build_program(
-        plan.schedule, [s.replicas for s in plan.stages], segs.lengths[0], microbatches=plan.microbatches,
-        stage_edges=sorted(part.edges()), in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
-    ))
+    validate_program(
+        build_program(
+            plan.schedule,
+            [s.replicas for s in plan.stages],
+            segs.lengths[0],
+            microbatches=plan.microbatches,
+            stage_edges=sorted(part.edges()),
+            in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+        )
+    )
 
 
-def launch(plan: Plan, cfg: RunConfig, nodes: Nodes = Nodes(), source: str = "plan") -> list[WorkerResult] | None:
+def launch(
+    plan: Plan, cfg: RunConfig, nodes: Nodes = Nodes(), source: str = "plan"
+) -> list[WorkerResult] | None:
     """Run ``plan``; returns every rank's result (None on ranks other than 0 under torchrun)."""
     if under_torchrun():
         env = DistEnv.from_environ()
@@ -102,6 +111,10 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
     if config.start_method == "fork":
         # Creating an optimizer imports torch._dynamo (seconds); do it once here, not in every worker.
         import torch._dynamo  # noqa: F401
+
+        # Garbage left by earlier launches in this process (rendezvous stores with their threads) must
+        # die here: collected in a forked child, whose threads are gone, its destructors crash.
+        gc.collect()
     with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher():
         try:
             out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), cfg, errdir)

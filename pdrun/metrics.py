@@ -17,7 +17,19 @@ from pdrun.runner import WorkerResult
 from shared.plan import Plan
 from shared.tables import RUN_METRICS, save_table
 
-COLUMNS = ("step", "loss", "rank", "stage", "replica", "samples_per_s", "compute_s", "comm_s", "idle_s", "wall_s", "versions")
+COLUMNS = (
+    "step",
+    "loss",
+    "rank",
+    "stage",
+    "replica",
+    "samples_per_s",
+    "compute_s",
+    "comm_s",
+    "idle_s",
+    "wall_s",
+    "versions",
+)
 
 
 def frame(results: list[WorkerResult]) -> pd.DataFrame:
@@ -30,8 +42,13 @@ def frame(results: list[WorkerResult]) -> pd.DataFrame:
 
 
 def save(results: list[WorkerResult], path: str, plan: Plan, options: dict[str, Any]) -> None:
-    meta = {"spec": plan.spec.model_dump(), "schedule": plan.schedule, "batch_size": plan.batch_size,
-            "graph_hash": plan.graph_hash, "options": options}
+    meta = {
+        "spec": plan.spec.model_dump(),
+        "schedule": plan.schedule,
+        "batch_size": plan.batch_size,
+        "graph_hash": plan.graph_hash,
+        "options": options,
+    }
     save_table(frame(results), path, RUN_METRICS, meta)
 
 
@@ -63,11 +80,14 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         per_epoch = []
         for entry in last[0].validation:
             count = entry["count"]
-            per_epoch.append({
-                "epoch": entry["epoch"], "step": entry["step"],
-                "val_loss": entry["loss_sum"] / count if count else None,
-                "val_accuracy": entry["correct"] / count if count else None,
-            })
+            per_epoch.append(
+                {
+                    "epoch": entry["epoch"],
+                    "step": entry["step"],
+                    "val_loss": entry["loss_sum"] / count if count else None,
+                    "val_accuracy": entry["correct"] / count if count else None,
+                }
+            )
         out["validation"] = per_epoch
         out["val_loss"] = per_epoch[-1]["val_loss"]
         out["val_accuracy"] = per_epoch[-1]["val_accuracy"]

@@ -49,7 +49,9 @@ def cut_plan(
     stages: list[Stage] = []
     rank = 0
     for i, n in enumerate(replicas):
-        stages.append(Stage(layers=names[bounds[i] : bounds[i + 1]], replicas=n, ranks=list(range(rank, rank + n))))
+        stages.append(
+            Stage(layers=names[bounds[i] : bounds[i + 1]], replicas=n, ranks=list(range(rank, rank + n)))
+        )
         rank += n
     noam = -(-rank // replicas[0])
     return Plan(

@@ -9,6 +9,7 @@ or the whole run) at a time, and rank 0 gathers what every rank measured.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -51,7 +52,9 @@ class WorkerResult:
     rows: list[dict[str, Any]]
     events: list[dict[str, Any]]
     validation: list[dict[str, Any]] = field(default_factory=list)  # per epoch: loss_sum, correct, count
-    versions: list[dict[str, Any]] = field(default_factory=list)  # testing: per unit, forward/backward version
+    versions: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # testing: per unit, forward/backward version
     max_versions: int = 0
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # testing: final weights (CPU)
 
@@ -85,7 +88,9 @@ def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
     if cfg.steps is not None:
         units = cfg.steps * ups
         if units % multiple:
-            raise UserError(f"--steps: {cfg.steps} must be a multiple of {multiple} (the replicas of the plan's stages)")
+            raise UserError(
+                f"--steps: {cfg.steps} must be a multiple of {multiple} (the replicas of the plan's stages)"
+            )
         return Segments((units,), False, ups)
     epochs = cfg.epochs or 1
     units = per_epoch - per_epoch % multiple
@@ -97,7 +102,9 @@ def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
     return Segments((units,) * epochs, True, ups)
 
 
-def value_specs(plan: Plan, cfg: RunConfig, part: Partition, traced: Any, sample: tuple[Any, ...]) -> dict[str, ValueSpec]:
+def value_specs(
+    plan: Plan, cfg: RunConfig, part: Partition, traced: Any, sample: tuple[Any, ...]
+) -> dict[str, ValueSpec]:
     """Specs of every value that crosses a stage boundary, from one forward of ``sample``."""
     buffers = {n: b.clone() for n, b in traced.module.named_buffers()}
     values = sample_values(traced, sample)
@@ -122,7 +129,9 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
         torch.set_num_threads(cfg.threads)
     backend = cfg.backend or ("nccl" if cfg.device == "cuda" else "gloo")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group(
+        backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s)
+    )
     try:
         out = _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
         dist.barrier()  # leave together: no rank tears its connections down while a peer still uses them
@@ -136,7 +145,13 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
 
 
 def _train(
-    env: DistEnv, plan: Plan, cfg: RunConfig, s: int, replica: int, device: torch.device, dtype: torch.dtype,
+    env: DistEnv,
+    plan: Plan,
+    cfg: RunConfig,
+    s: int,
+    replica: int,
+    device: torch.device,
+    dtype: torch.dtype,
     t_start: float,
 ) -> list[WorkerResult] | None:
     spec = plan.spec
@@ -173,11 +188,25 @@ def _train(
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     segs = segments(plan, cfg, units.per_epoch)
     worker = Worker(
-        rank=env.rank, stage=stage, replica=replica, part=part, specs=specs,
-        peers=Peers(tuple(tuple(st.ranks) for st in plan.stages)), units=units, loss_fn=resolve_loss(spec.loss),
-        optimizer=optimizer, versions=versions, comm=Comm(env.rank, device, cfg.timeout_s, wire), group=group,
-        device=device, dtype=dtype, loss_scale=1.0 / segs.units_per_step, average_replicas=plan.schedule == "1f1b",
-        vertical_sync=plan.vertical_sync, record=cfg.record, recompute=plan.schedule == "1f1b" and not cfg.stash,
+        rank=env.rank,
+        stage=stage,
+        replica=replica,
+        part=part,
+        specs=specs,
+        peers=Peers(tuple(tuple(st.ranks) for st in plan.stages)),
+        units=units,
+        loss_fn=resolve_loss(spec.loss),
+        optimizer=optimizer,
+        versions=versions,
+        comm=Comm(env.rank, device, cfg.timeout_s, wire),
+        group=group,
+        device=device,
+        dtype=dtype,
+        loss_scale=1.0 / segs.units_per_step,
+        average_replicas=plan.schedule == "1f1b",
+        vertical_sync=plan.vertical_sync,
+        record=cfg.record,
+        recompute=plan.schedule == "1f1b" and not cfg.stash,
     )
     base = 0
     if cfg.resume and cfg.checkpoint_dir:
@@ -187,7 +216,9 @@ def _train(
     total_steps = worker.steps + sum(segs.lengths) // segs.units_per_step
     worker.lr_at = lambda step: cfg.lr_at(step, total_steps)
     val_units = (
-        Units(val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}", pad=True)
+        Units(
+            val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}", pad=True
+        )
         if val_set is not None and cfg.validate
         else None
     )
@@ -200,8 +231,12 @@ def _train(
         for epoch, length in enumerate(segs.lengths):
             if length not in programs:
                 program = build_program(
-                    plan.schedule, replicas, length, microbatches=plan.microbatches,
-                    stage_edges=sorted(part.edges()), in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+                    plan.schedule,
+                    replicas,
+                    length,
+                    microbatches=plan.microbatches,
+                    stage_edges=sorted(part.edges()),
+                    in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
                 )
                 validate_program(program)  # every send has its receive, no deadlock: before any runs
                 programs[length] = program
@@ -214,7 +249,13 @@ def _train(
                     t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=worker.comm.wire)
                     dist.all_reduce(t, group=group)
                     loss_sum, correct, count = float(t[0]), int(t[1]), int(t[2])
-                entry = {"epoch": epoch, "step": worker.steps, "loss_sum": loss_sum, "correct": correct, "count": count}
+                entry = {
+                    "epoch": epoch,
+                    "step": worker.steps,
+                    "loss_sum": loss_sum,
+                    "correct": correct,
+                    "count": count,
+                }
                 validation.append(entry)
                 progress.validated(entry)
             if cfg.checkpoint_dir and replica == 0:
@@ -222,10 +263,20 @@ def _train(
     finally:
         progress.close()
     result = WorkerResult(
-        rank=env.rank, stage=s, replica=replica, steps=worker.steps, units=base, wall_s=time.perf_counter() - t_start,
-        rows=worker.step_rows, events=worker.events if cfg.trace else [], validation=validation,
-        versions=worker.version_log, max_versions=versions.max_held,
-        params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()} if cfg.record else {},
+        rank=env.rank,
+        stage=s,
+        replica=replica,
+        steps=worker.steps,
+        units=base,
+        wall_s=time.perf_counter() - t_start,
+        rows=worker.step_rows,
+        events=worker.events if cfg.trace else [],
+        validation=validation,
+        versions=worker.version_log,
+        max_versions=versions.max_held,
+        params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()}
+        if cfg.record
+        else {},
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
@@ -245,8 +296,13 @@ class _Progress:
         from shared.cli import console
 
         self.bar = Progress(
-            TextColumn("[bold]pdrun"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), console=console, transient=False,
+            TextColumn("[bold]pdrun"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
         )
         self.task = self.bar.add_task("train", total=total, info="")
         self.bar.start()
@@ -270,6 +326,8 @@ class _Progress:
 
 def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[WorkerResult] | None:
     """The launcher's entrypoint on every rank; a failure is written to ``errdir`` before it propagates."""
+    # A forked worker inherits the launcher's objects; it must never collect them (their threads are gone).
+    gc.freeze()
     env = DistEnv.from_environ()
     try:
         plan = Plan.model_validate_json(plan_json)
@@ -288,8 +346,12 @@ def record_failure(errdir: str | None, rank: int, exc: BaseException) -> None:
         return
     first = str(exc).splitlines()[0] if str(exc) else ""
     record = {
-        "rank": rank, "time": time.time(), "type": type(exc).__name__, "message": first,
-        "user": isinstance(exc, UserError), "ours": isinstance(exc, PDError),
+        "rank": rank,
+        "time": time.time(),
+        "type": type(exc).__name__,
+        "message": first,
+        "user": isinstance(exc, UserError),
+        "ours": isinstance(exc, PDError),
         "traceback": traceback.format_exc() if os.environ.get("PIPEDREAM_DEBUG") == "1" else "",
     }
     tmp = path.with_suffix(".tmp")

@@ -46,7 +46,9 @@ def spec_of(value: Any) -> ValueSpec:
         return ValueSpec("float", (1,), torch.float64, False)
     if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
         return ValueSpec("ints", (len(value),), torch.int64, False)
-    raise TypeError(f"cannot send a {type(value).__name__} between stages (tensors, ints, floats and sizes only)")
+    raise TypeError(
+        f"cannot send a {type(value).__name__} between stages (tensors, ints, floats and sizes only)"
+    )
 
 
 def encode(value: Any, spec: ValueSpec, device: torch.device) -> torch.Tensor:

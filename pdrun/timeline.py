@@ -14,8 +14,14 @@ def chrome_trace(results: list[WorkerResult]) -> dict[str, object]:
     origin = min((e["ts"] for e in events), default=0.0)
     out: list[dict[str, object]] = []
     for r in sorted(results, key=lambda r: r.rank):
-        out.append({"name": "process_name", "ph": "M", "pid": r.rank,
-                    "args": {"name": f"rank {r.rank} (stage {r.stage}, replica {r.replica})"}})
+        out.append(
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": r.rank,
+                "args": {"name": f"rank {r.rank} (stage {r.stage}, replica {r.replica})"},
+            }
+        )
         out.append({"name": "process_sort_index", "ph": "M", "pid": r.rank, "args": {"sort_index": r.rank}})
     for e in events:
         out.append({**e, "ts": round(e["ts"] - origin, 3), "dur": round(e["dur"], 3)})

@@ -47,11 +47,15 @@ class WeightVersions:
             return self.latest, dict(self.live)
         number = self.latest if number is None else number
         if number > self.latest:
-            raise RunError(f"weight version {number} asked for, but this stage has only reached {self.latest}")
+            raise RunError(
+                f"weight version {number} asked for, but this stage has only reached {self.latest}"
+            )
         if number not in self.versions:
             if number != self.latest:
                 raise RunError(f"weight version {number} is no longer stashed (latest {self.latest})")
-            self.versions[number] = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in self.live.items()}
+            self.versions[number] = {
+                n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in self.live.items()
+            }
         if self.history:
             self.floor = max(self.floor, number)
         self.refs[number] += 1

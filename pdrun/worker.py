@@ -153,8 +153,16 @@ class Worker:
             else:
                 self.stats.comm_s += dt
             self.events.append(
-                {"name": str(ins), "cat": ins.kind.name.lower(), "ph": "X", "ts": wall0 * 1e6, "dur": dt * 1e6,
-                 "pid": self.rank, "tid": 0, "args": {"unit": base + ins.unit, "stage": self.s}}
+                {
+                    "name": str(ins),
+                    "cat": ins.kind.name.lower(),
+                    "ph": "X",
+                    "ts": wall0 * 1e6,
+                    "dur": dt * 1e6,
+                    "pid": self.rank,
+                    "tid": 0,
+                    "args": {"unit": base + ins.unit, "stage": self.s},
+                }
             )
         self.comm.drain()
 
@@ -163,7 +171,11 @@ class Worker:
     def forward(self, ins: Instr) -> None:
         u = ins.unit
         received = self.inbox.pop(u, {})
-        wanted = self.inbox_version.pop(u, None) if self.vertical_sync and not self.part.reads_input(self.s) else None
+        wanted = (
+            self.inbox_version.pop(u, None)
+            if self.vertical_sync and not self.part.reads_input(self.s)
+            else None
+        )
         version, params = self.versions.acquire(wanted)
         batch_inputs, target = self._batch(u)
         state = UnitState(version, params, batch_inputs, received, target=target)
@@ -222,8 +234,15 @@ class Worker:
             torch.autograd.backward(roots, grads)
         if self.record:
             self.version_log.append(
-                {"rank": self.rank, "stage": self.s, "unit": self.base + u, "forward_version": state.version,
-                 "backward_version": used, "forward_print": state.forward_print, "backward_print": fingerprint(params)}
+                {
+                    "rank": self.rank,
+                    "stage": self.s,
+                    "unit": self.base + u,
+                    "forward_version": state.version,
+                    "backward_version": used,
+                    "forward_print": state.forward_print,
+                    "backward_print": fingerprint(params),
+                }
             )
         self.versions.release(state.version, state.params)
         self.stats.units += 1  # a unit counts towards throughput when its backward is done
@@ -280,7 +299,9 @@ class Worker:
         a = ins.peer[0]
         names = dict(self.part.receives(self.s))[a]
         buffers = [self.specs[n].empty(self.device) for n in names]
-        version, got = self.comm.recv(buffers, self.peers.rank(ins.peer), TAG_ACT, self.base + ins.unit, "activations")
+        version, got = self.comm.recv(
+            buffers, self.peers.rank(ins.peer), TAG_ACT, self.base + ins.unit, "activations"
+        )
         box = self.inbox.setdefault(ins.unit, {})
         for n, t in zip(names, got, strict=True):
             box[n] = decode(t, self.specs[n])
@@ -297,7 +318,9 @@ class Worker:
         b = ins.peer[0]
         names = [n for n in dict(self.part.consumers(self.s))[b] if self.specs[n].requires_grad]
         buffers = [self.specs[n].empty(self.device) for n in names]
-        _, got = self.comm.recv(buffers, self.peers.rank(ins.peer), TAG_GRAD, self.base + ins.unit, "gradients")
+        _, got = self.comm.recv(
+            buffers, self.peers.rank(ins.peer), TAG_GRAD, self.base + ins.unit, "gradients"
+        )
         box = self.grads.setdefault(ins.unit, {})
         for n, g in zip(names, got, strict=True):
             # A value read by several later stages gets the sum of their gradients.
@@ -351,7 +374,9 @@ class Worker:
             received: dict[str, Any] = {}
             for a, names in self.part.receives(self.s):
                 buffers = [self.specs[x].empty(self.device) for x in names]
-                _, got = self.comm.recv(buffers, self.peers.of_unit(a, v), TAG_VAL, v, "validation activations")
+                _, got = self.comm.recv(
+                    buffers, self.peers.of_unit(a, v), TAG_VAL, v, "validation activations"
+                )
                 received.update({x: decode(t, self.specs[x]) for x, t in zip(names, got, strict=True)})
             inputs, target = units.batch(v)
             inputs = to_device(inputs, self.device, self.dtype) if self.stage.batch_inputs else ()

@@ -31,8 +31,19 @@ def _plan(tmp_path: Path, spec: RunSpec = RESMLP, **kwargs: object) -> Path:
 def test_run_writes_summary_metrics_timeline_and_checkpoints(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     ck = tmp_path / "ck"
-    args = ["--steps", "4", "--lr", "0.1", "--metrics", str(tmp_path / "m.parquet"), "--trace",
-            str(tmp_path / "t.json"), "--checkpoint-dir", str(ck), "-q"]
+    args = [
+        "--steps",
+        "4",
+        "--lr",
+        "0.1",
+        "--metrics",
+        str(tmp_path / "m.parquet"),
+        "--trace",
+        str(tmp_path / "t.json"),
+        "--checkpoint-dir",
+        str(ck),
+        "-q",
+    ]
     # The plan comes on standard input, as in `pdplan ... | pdrun -`.
     res = CliRunner().invoke(main, ["-", *args], input=plan.read_text())
     assert res.exit_code == 0, res.output
@@ -63,7 +74,9 @@ def test_run_writes_summary_metrics_timeline_and_checkpoints(tmp_path: Path) -> 
     assert not set(states[0]["model"]) & set(states[1]["model"])
 
     # Resume: two more steps continue from the checkpoints (units 4 and 5).
-    res = CliRunner().invoke(main, [str(plan), "--steps", "2", "--checkpoint-dir", str(ck), "--resume", "-q", "--no-val"])
+    res = CliRunner().invoke(
+        main, [str(plan), "--steps", "2", "--checkpoint-dir", str(ck), "--resume", "-q", "--no-val"]
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["units"] == 6
     assert torch.load(ck / "stage1.pt", weights_only=True)["units"] == 6
@@ -95,7 +108,9 @@ def test_bad_plans_fail_with_one_line_and_exit_2(tmp_path: Path) -> None:
 
     res = runner.invoke(main, [str(path), "--steps", "1", "--nproc-per-node", "1"])
     line = _error(res)
-    assert res.exit_code == 2 and "stages[1].ranks" in line and "'blocks_0_fc2'" in line and "provides 1" in line
+    assert (
+        res.exit_code == 2 and "stages[1].ranks" in line and "'blocks_0_fc2'" in line and "provides 1" in line
+    )
 
 
 FLAKY_DATA = '''
@@ -137,7 +152,9 @@ def build(mode="fail"):
 def test_worker_failure_and_peer_timeout_are_reported_with_the_rank(tmp_path: Path) -> None:
     (tmp_path / "flaky.py").write_text(FLAKY_DATA)
     runner = CliRunner()
-    spec = RunSpec(model="zoo:resmlp", model_args={"width": 32, "depth": 2}, data=f"{tmp_path}/flaky.py:build")
+    spec = RunSpec(
+        model="zoo:resmlp", model_args={"width": 32, "depth": 2}, data=f"{tmp_path}/flaky.py:build"
+    )
     path = _plan(tmp_path, spec)
     res = runner.invoke(main, [str(path), "--steps", "8", "-q"])
     line = _error(res)
@@ -156,9 +173,25 @@ def test_under_torchrun_each_process_is_one_worker(tmp_path: Path) -> None:
     # torchrun sets RANK/WORLD_SIZE/MASTER_ADDR: pdrun then runs as that one worker; rank 0 reports.
     plan = _plan(tmp_path)
     pdrun = Path(sys.executable).parent / "pdrun"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(pdrun),
-           str(plan), "--steps", "2", "-q", "--no-val", "--metrics", str(tmp_path / "m.parquet")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(pdrun),
+        str(plan),
+        "--steps",
+        "2",
+        "-q",
+        "--no-val",
+        "--metrics",
+        str(tmp_path / "m.parquet"),
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=140, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)  # one JSON document: only rank 0 printed
     assert summary["steps"] == 2 and summary["world_size"] == 2

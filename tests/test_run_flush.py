@@ -6,12 +6,12 @@ Each test launches real workers (gloo over 127.0.0.1) and compares every paramet
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
-from pdrun.config import RunConfig
+from pdrun.config import Dtype, Optimizer, RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
 from pdrun.runner import WorkerResult
@@ -22,7 +22,14 @@ RESMLP = RunSpec(model="zoo:resmlp", model_args={"width": 32, "depth": 2}, data=
 
 
 def sequential(
-    spec: RunSpec, *, steps: int, batch: int, seed: int, dtype: torch.dtype, lr: float, momentum: float = 0.0,
+    spec: RunSpec,
+    *,
+    steps: int,
+    batch: int,
+    seed: int,
+    dtype: torch.dtype,
+    lr: float,
+    momentum: float = 0.0,
     optimizer: str = "sgd",
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(initial, final) parameters of plain training on ``batch`` samples per step, data reshuffled per epoch."""
@@ -40,7 +47,9 @@ def sequential(
     return initial, _train(model, data, loss_fn, opt, steps, batch, seed, dtype)
 
 
-def unit_batch(data: Any, k: int, batch: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def unit_batch(
+    data: Any, k: int, batch: int, seed: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch ``k`` of ``batch`` samples: epoch ``k // B`` shuffled with seed + epoch, full batches only."""
     n = len(data)
     epoch, b = divmod(k, n // batch)
@@ -51,7 +60,9 @@ def unit_batch(data: Any, k: int, batch: int, seed: int, dtype: torch.dtype) -> 
     return x, y
 
 
-def _train(model: Any, data: Any, loss_fn: Any, opt: Any, steps: int, batch: int, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _train(
+    model: Any, data: Any, loss_fn: Any, opt: Any, steps: int, batch: int, seed: int, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     for step in range(steps):
         x, y = unit_batch(data, step, batch, seed, dtype)
         opt.zero_grad()
@@ -90,19 +101,33 @@ CASES = [
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("schedule", "cuts", "microbatches", "dtype", "optimizer"), CASES)
-def test_flush_equals_sequential(schedule: str, cuts: list[int], microbatches: int, dtype: str, optimizer: str) -> None:
+def test_flush_equals_sequential(
+    schedule: str, cuts: list[int], microbatches: int, dtype: str, optimizer: str
+) -> None:
     batch = 16
     plan = cut_plan(RESMLP, cuts, batch_size=batch, schedule=schedule, microbatches=microbatches)  # type: ignore[arg-type]
     lr, momentum = (0.01, 0.0) if optimizer == "adam" else (0.2, 0.9)
     cfg = RunConfig(
-        steps=10, seed=3, dtype=dtype, optimizer=optimizer, lr=lr, momentum=momentum,  # type: ignore[arg-type]
-        record=True, validate=False,
+        steps=10,
+        seed=3,
+        dtype=cast(Dtype, dtype),
+        optimizer=cast(Optimizer, optimizer),
+        lr=lr,
+        momentum=momentum,
+        record=True,
+        validate=False,
     )
     results = launch(plan, cfg)
     assert results is not None and len(results) == len(cuts) + 1
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
     initial, want = sequential(
-        RESMLP, steps=10, batch=batch * microbatches, seed=3, dtype=torch_dtype, lr=lr, momentum=momentum,
+        RESMLP,
+        steps=10,
+        batch=batch * microbatches,
+        seed=3,
+        dtype=torch_dtype,
+        lr=lr,
+        momentum=momentum,
         optimizer=optimizer,
     )
     got = pipeline_params(results)

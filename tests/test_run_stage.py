@@ -75,7 +75,9 @@ def test_stages_chained_compute_the_models_output(tmp_path: Path) -> None:
     stages = [build_stage(traced, part, s) for s in range(3)]
     # Each stage holds only its own parameters, under the model's names.
     assert [sorted(n for n, _ in st.module.named_parameters()) for st in stages] == [
-        ["a.bias", "a.weight"], ["b.bias", "b.weight"], ["head.bias", "head.weight"]
+        ["a.bias", "a.weight"],
+        ["b.bias", "b.weight"],
+        ["head.bias", "head.weight"],
     ]
     inbox: dict[int, dict[str, Any]] = {0: {}, 1: {}, 2: {}}
     output = None
@@ -95,7 +97,9 @@ def test_partition_names_what_does_not_fit(tmp_path: Path) -> None:
     swapped = plan.model_copy(deep=True)
     swapped.stages[0].layers.remove("a")
     swapped.stages[1].layers.append("a")
-    with pytest.raises(PlanError, match=r"stages\[0\]: not convex: layer 'tanh' \(stage 0\) reads 'a' from the later stage 1"):
+    with pytest.raises(
+        PlanError, match=r"stages\[0\]: not convex: layer 'tanh' \(stage 0\) reads 'a' from the later stage 1"
+    ):
         partition(traced, swapped)
     unknown = plan.model_copy(deep=True)
     unknown.stages[1].layers.append("conv9")

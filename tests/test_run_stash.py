@@ -33,8 +33,12 @@ def _log(results: list[WorkerResult]) -> list[dict[str, Any]]:
 
 
 def _run(**kwargs: Any) -> list[WorkerResult]:
-    plan = cut_plan(RESMLP, CUTS, batch_size=16, schedule="1f1b", vertical_sync=kwargs.pop("vertical_sync", False))
-    cfg = RunConfig(steps=STEPS, seed=SEED, lr=LR, momentum=MOMENTUM, dtype="float64", record=True, validate=False)
+    plan = cut_plan(
+        RESMLP, CUTS, batch_size=16, schedule="1f1b", vertical_sync=kwargs.pop("vertical_sync", False)
+    )
+    cfg = RunConfig(
+        steps=STEPS, seed=SEED, lr=LR, momentum=MOMENTUM, dtype="float64", record=True, validate=False
+    )
     results = launch(plan, replace(cfg, **kwargs))
     assert results is not None
     return results
@@ -88,7 +92,9 @@ def test_stashing_backward_uses_forward_weights() -> None:
     per_unit: dict[int, set[int]] = defaultdict(set)
     for row in log:
         per_unit[row["unit"]].add(row["forward_version"])
-    assert any(len(v) > 1 for v in per_unit.values()), "vertical sync is off: stages should disagree somewhere"
+    assert any(len(v) > 1 for v in per_unit.values()), (
+        "vertical sync is off: stages should disagree somewhere"
+    )
     # The weights are exactly PipeDream's update rule with those versions.
     assert_same(pipeline_params(results), stale_sgd(results), 1e-6)
 
@@ -124,7 +130,9 @@ def test_vertical_sync_runs_each_unit_on_one_version() -> None:
 def test_one_unit_in_flight_is_sequential_training() -> None:
     # With NOAM = 1 nothing overlaps: 1f1b through the stashed copies must equal plain SGD.
     plan = cut_plan(RESMLP, [6], batch_size=16, schedule="1f1b", in_flight=1)
-    results = launch(plan, RunConfig(steps=10, seed=5, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False))
+    results = launch(
+        plan, RunConfig(steps=10, seed=5, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False)
+    )
     assert results is not None
     _, want = sequential(RESMLP, steps=10, batch=16, seed=5, dtype=torch.float64, lr=0.2, momentum=0.9)
     assert_same(pipeline_params(results), want, 1e-6)

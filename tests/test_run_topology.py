@@ -39,13 +39,15 @@ def test_replicated_stage_trains_and_replicas_stay_identical() -> None:
 @pytest.mark.timeout(120)
 def test_replicated_stage_with_flush_equals_sequential() -> None:
     plan = cut_plan(RESMLP, [6], batch_size=16, schedule="1f1b-flush", microbatches=4, replicas=[2, 1])
-    results = launch(plan, RunConfig(steps=10, seed=1, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False))
+    results = launch(
+        plan, RunConfig(steps=10, seed=1, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False)
+    )
     assert results is not None
     _, want = sequential(RESMLP, steps=10, batch=64, seed=1, dtype=torch.float64, lr=0.2, momentum=0.9)
     assert_same(pipeline_params(results), want, 1e-6)
 
 
-SKIP_MODEL = '''
+SKIP_MODEL = """
 import torch
 from torch import nn
 
@@ -67,7 +69,7 @@ class Skip(nn.Module):
 
 def build():
     return Skip()
-'''
+"""
 
 
 @pytest.mark.timeout(120)
@@ -86,5 +88,7 @@ def test_skip_connection_across_stages_goes_straight_to_its_consumer(tmp_path: P
     assert_same(pipeline_params(results), want, 1e-6)
     # Validation ran through the pipeline: the last stage counted every full batch of the validation split.
     last = next(r for r in results if r.stage == 2)
-    assert last.validation and last.validation[0]["count"] == len(resolve_dataset("zoo:digits", {"split": "val"}))
+    assert last.validation and last.validation[0]["count"] == len(
+        resolve_dataset("zoo:digits", {"split": "val"})
+    )
     assert last.validation[0]["correct"] > 0.3 * last.validation[0]["count"]
