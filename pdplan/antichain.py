@@ -163,9 +163,20 @@ def build_space(
     return problem, _space(problem, *prefix_downsets(problem), "prefix")
 
 
-def _fitting(
-    problem: Problem, max_states: int, max_pairs: int
-) -> tuple[list[int], list[int], list[tuple[int, int]]] | None:
+Found = tuple[list[int], list[int], list[tuple[int, int]]]
+
+
+def states_space(problem: Problem, found: Found, search: str) -> StateSpace:
+    """The state space (with pairs) of states found by ``fitting_states``."""
+    return _space(problem, *found, search)
+
+
+def fitting_states(problem: Problem, max_states: int, max_pairs: int) -> Found | None:
+    """All antichain states when their pairs fit ``max_pairs``, else None."""
+    return _fitting(problem, max_states, max_pairs)
+
+
+def _fitting(problem: Problem, max_states: int, max_pairs: int) -> Found | None:
     # Stop enumerating as soon as the pairs could no longer fit.
     cap = min(max_states, int((2 * max_pairs) ** 0.5) + 2)
     found = enumerate_downsets(problem, cap)

@@ -11,11 +11,11 @@ import math
 import time
 from dataclasses import dataclass
 
-from pdplan.antichain import StateSpace, build_space, coarse_prefix_space
+from pdplan.antichain import StateSpace, build_space, coarse_prefix_space, fitting_states, states_space
 from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
 from pdplan.hierarchy import plan_levels
 from pdplan.partition import LevelSpec
-from pdplan.problem import Problem, prepare
+from pdplan.problem import Problem, compress_series, prepare
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Cluster, Level, Plan, Prediction, Schedule, Stage, StagePrediction
@@ -36,8 +36,10 @@ class PlanConfig:
     cost_model: str = "pipedream"
     max_states: int = 500_000
     max_pairs: int = 4_000_000
-    # Hierarchies solve every range at every inner level (cubic in the states).
-    max_range_work: float = 3e8
+    # Hierarchies solve every range at every inner level (cubic in the states): the budget for
+    # an exact search, and the smaller one for a coarse search past it (pair-steps, ~1e8/s).
+    max_range_work: float = 1e9
+    max_coarse_work: float = 2.5e8
 
     def levels(self) -> list[Level]:
         if len(self.workers) != len(self.bandwidths):
@@ -69,16 +71,30 @@ def level_specs(config: PlanConfig, levels: list[Level]) -> list[LevelSpec]:
     return out
 
 
+def _range_work(space: StateSpace, config: PlanConfig) -> float:
+    """About how many pair-steps solving every range at every inner level takes."""
+    inner = config.workers[:-1]
+    per_start = len(space.pair_k) / 3 * sum(w * (w - 1) / 2 for w in inner)
+    return space.size * per_start
+
+
 def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
-    # The bottleneck search (threshold.py) needs no pairs: one level, no memory limit.
-    pairless = len(config.workers) == 1 and config.memory is None
-    problem2, space = build_space(problem, config.max_states, config.max_pairs, pairless)
-    if len(config.workers) > 1:
-        work = space.size * len(space.pair_k) / 3 * max(config.workers[:-1]) ** 2 / 2
-        if work > config.max_range_work:
-            keep = max(2, int((config.max_range_work * 6 / max(config.workers[:-1]) ** 2) ** (1 / 3)))
-            return problem, coarse_prefix_space(problem, keep)
-    return problem2, space
+    if len(config.workers) == 1:
+        # The bottleneck search (threshold.py) needs no pairs: one level, no memory limit.
+        return build_space(problem, config.max_states, config.max_pairs, config.memory is None)
+    # A hierarchy solves every range at every inner level: exact over the antichain states (of
+    # the DAG, then of its series-compressed form) while that fits the budget, else coarse.
+    for candidate in (problem, compress_series(problem)):
+        found = fitting_states(candidate, config.max_states, config.max_pairs)
+        if found is not None:
+            space = states_space(candidate, found, "antichain" if candidate is problem else "compressed")
+            if _range_work(space, config) <= config.max_range_work:
+                return candidate, space
+    # Coarse prefixes: as many as a smaller budget allows (the work grows with their cube).
+    probe = coarse_prefix_space(problem, 64)
+    scale = _range_work(probe, config) / max(probe.size, 1) ** 3
+    keep = max(2, int((config.max_coarse_work / max(scale, 1e-12)) ** (1 / 3)))
+    return problem, coarse_prefix_space(problem, keep)
 
 
 def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:

@@ -122,11 +122,21 @@ def compress_series(problem: Problem) -> Problem:
     the sums, whose output is its last member's, so stage boundaries fall only between
     chains. Costs of every remaining cut are unchanged.
     """
+    anc = problem.ancestor_masks()
+    desc = [0] * problem.size
+    for v in reversed(range(problem.size)):
+        mask = 1 << v
+        for w in problem.succs[v]:
+            mask |= desc[w]
+        desc[v] = mask
+    full = (1 << problem.size) - 1
+    # A node every other node is before or after (the trunk of a chain) keeps its own cuts.
+    trunk = [(anc[v] | desc[v]) == full for v in range(problem.size)]
     head = list(range(problem.size))  # node -> first node of its chain
     for v in range(problem.size):
         if len(problem.preds[v]) == 1:
             u = problem.preds[v][0]
-            if len(problem.succs[u]) == 1 and v != problem.first_source:
+            if len(problem.succs[u]) == 1 and v != problem.first_source and not (trunk[u] or trunk[v]):
                 head[v] = head[u]
     heads = sorted(set(head))
     new = {h: i for i, h in enumerate(heads)}
