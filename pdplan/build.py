@@ -105,13 +105,7 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
     problem, space = _space(base, config)
     solution = plan_levels(space, level_specs(config, levels))
     if solution is None:
-        raise PlanError(
-            f"graph: no plan fits: with --memory {config.memory:g} bytes per worker no stage layout on "
-            f"{math.prod(config.workers)} workers keeps its stashed activations and weights in memory; "
-            "raise --memory or add workers"
-            if config.memory is not None
-            else "graph: no plan fits this cluster"
-        )
+        raise PlanError(_no_plan(config, problem))
     solve_s = time.perf_counter() - began
     # Problem nodes of each stage (the state range's new nodes), in pipeline order.
     stage_nodes: list[list[int]] = []
@@ -169,6 +163,21 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         stages=stages,
         predicted=predicted,
     )
+
+
+def _no_plan(config: PlanConfig, problem: Problem) -> str:
+    workers = math.prod(config.workers)
+    if config.straight and problem.size < max(config.workers):
+        return (
+            f"graph: no plan fits: --straight gives each of the {max(config.workers)} workers of a level its "
+            f"own stage, but the graph has only {problem.size} layers to split; use fewer workers or drop --straight"
+        )
+    if config.memory is not None:
+        return (
+            f"graph: no plan fits: with --memory {config.memory:g} bytes per worker no stage layout on "
+            f"{workers} workers keeps its stashed activations and weights in memory; raise --memory or add workers"
+        )
+    return f"graph: no plan fits {workers} workers (levels {list(config.workers)}) with these options"
 
 
 def _stage_prediction(c: StageCost) -> StagePrediction:
