@@ -20,7 +20,10 @@ from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Cluster, Level, Plan, Prediction, Schedule, Stage, StagePrediction
 
-COST_MODELS = ("pipedream",)
+# pipedream: ../shared/DESIGN.md's model, activations and gradients crossing a cut charged
+# (2 O / (B r)); pipedream-compute: the paper's optimizer as it runs by default (without
+# --activation_compression_ratio), where those transfers are not charged.
+COST_MODELS = ("pipedream", "pipedream-compute")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
     began = time.perf_counter()
     base = prepare(graph.to_networkx())
     problem, space = _space(base, config)
+    transfers = config.cost_model != "pipedream-compute"
+    if not transfers:
+        space.output_bytes[:] = 0.0
     solution = plan_levels(space, level_specs(config, levels))
     if solution is None:
         raise PlanError(_no_plan(config, problem))
@@ -114,7 +120,7 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         new = space.masks[st.end] & ~before
         stage_nodes.append([v for v in range(problem.size) if new >> v & 1])
     stage_ranks = [list(st.ranks) for st in solution.stages]
-    costs = stage_costs(problem, stage_nodes, stage_ranks, levels)
+    costs = stage_costs(problem, stage_nodes, stage_ranks, levels, transfers=transfers)
     layers = _stage_layers(graph, problem, space, stage_nodes)
     stages = [
         Stage(layers=ls, replicas=len(rk), ranks=rk, predicted=_stage_prediction(c))

@@ -10,6 +10,8 @@ be checked against its stages and a hand-edited plan can be re-costed:
   second, as in the paper's recurrence);
 - its memory, as PipeDream's constraint counts it, is ``ceil(W_after / r) * (a + p)``.
 
+With ``transfers=False`` (``--cost-model pipedream-compute``) the cut transfers are not charged.
+
 For a one-level cluster ``max`` over the stages of these terms is exactly the DP's
 ``T(last, N)``. On a hierarchy the DP nests levels; the per-stage figures then use the
 bandwidth of the outermost level a stage's replicas (or a cut) span, as an estimate.
@@ -61,6 +63,7 @@ def stage_costs(
     stage_nodes: Sequence[Sequence[int]],
     ranks: Sequence[Sequence[int]],
     levels: Sequence[Level],
+    transfers: bool = True,
 ) -> list[StageCost]:
     """Cost every stage; ``stage_nodes`` are problem nodes in pipeline order, ``ranks`` their ranks."""
     downset = 0
@@ -81,7 +84,7 @@ def stage_costs(
         bw = span_bandwidth(levels, ranks[i])
         allreduce = 4 * (r - 1) * p / (bw * r)
         comm = 0.0
-        if i > 0:
+        if i > 0 and transfers:
             link_in = span_bandwidth(levels, [*ranks[i - 1], *ranks[i]])
             comm = 2.0 * cuts[i - 1] / (link_in * r)
             if i < len(stage_nodes) - 1:

@@ -27,7 +27,10 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
             raise PlanError(
                 f"plan: stages[{s}]: stage {s} has no layer with a cost; merge it into a neighbour"
             )
-    costs = stage_costs(problem, stage_nodes, [stage.ranks for stage in plan.stages], cluster.levels)
+    transfers = cluster.cost_model != "pipedream-compute"
+    costs = stage_costs(
+        problem, stage_nodes, [stage.ranks for stage in plan.stages], cluster.levels, transfers
+    )
     bottleneck = max(c.bound_s for c in costs)
     total_c = sum(problem.compute_s)
     total_p = sum(problem.parameter_bytes)

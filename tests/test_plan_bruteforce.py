@@ -60,7 +60,7 @@ def _compositions(total, parts):
         yield [bounds[i + 1] - bounds[i] for i in range(parts)]
 
 
-def _best(g, states, costs, levels, memory, straight):
+def _best(g, states, costs, levels, memory, straight, transfers=True):
     """min over every split and replica assignment, levels nested as DESIGN.md says."""
     comp = [(f + b) / 1000 for f, b, _, _ in costs]
     act = [a for _, _, a, _ in costs]
@@ -94,8 +94,9 @@ def _best(g, states, costs, levels, memory, straight):
                         worst = max(worst, (c + allreduce / within) / r)
                     else:
                         t = (c + allreduce) / r
-                        t = max(t, 2 * cut[lo] / (bw * r))
-                        if hi != full:
+                        if transfers:
+                            t = max(t, 2 * cut[lo] / (bw * r))
+                        if transfers and hi != full:
                             t = max(t, 2 * cut[hi] / (bw * r))
                         worst = max(worst, t)
                 best = min(best, worst)
@@ -125,13 +126,17 @@ costs_st = st.tuples(
 )
 
 
-def _check(costs, edges, workers, bandwidths, memory=None, straight=False):
+def _check(costs, edges, workers, bandwidths, memory=None, straight=False, model="pipedream"):
     graph = _graph(costs, edges)
     g, states = _downsets(len(costs), edges)
     levels = list(zip(workers, bandwidths, strict=True))
-    expected = _best(g, states, costs, levels, memory, straight)
+    expected = _best(g, states, costs, levels, memory, straight, transfers=model == "pipedream")
     config = PlanConfig(
-        workers=tuple(workers), bandwidths=tuple(bandwidths), memory=memory, straight=straight
+        workers=tuple(workers),
+        bandwidths=tuple(bandwidths),
+        memory=memory,
+        straight=straight,
+        cost_model=model,
     )
     if math.isinf(expected):
         return
@@ -195,3 +200,10 @@ def test_dag_straight_and_memory_equal_brute_force(dag, workers, memory):
     costs, edges = dag
     _check(costs, edges, [workers], [1e8], straight=True)
     _check(costs, edges, [workers], [1e8], memory=memory)
+
+
+@SETTINGS
+@given(dags(), st.integers(1, 4), st.sampled_from([1e7, 1e8]))
+def test_compute_only_model_equals_brute_force(dag, workers, bandwidth):
+    costs, edges = dag
+    _check(costs, edges, [workers], [bandwidth], model="pipedream-compute")
