@@ -141,6 +141,9 @@ class Worker:
     def run(self, instrs: list[Instr], base: int) -> None:
         """Execute ``instrs`` (one worker's list); program unit ``u`` is global unit ``base + u``."""
         self.base = base
+        # A program ends on a step, so nothing is accumulated here: the first step's clock starts now,
+        # not during setup or the previous epoch's validation.
+        self.stats = StepStats(time.perf_counter())
         for ins in instrs:
             t0 = time.perf_counter()
             wall0 = time.time()
