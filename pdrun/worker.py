@@ -174,11 +174,8 @@ class Worker:
     def forward(self, ins: Instr) -> None:
         u = ins.unit
         received = self.inbox.pop(u, {})
-        wanted = (
-            self.inbox_version.pop(u, None)
-            if self.vertical_sync and not self.part.reads_input(self.s)
-            else None
-        )
+        sent_version = self.inbox_version.pop(u, None)  # the input stage's version, carried along
+        wanted = sent_version if self.vertical_sync and not self.part.reads_input(self.s) else None
         version, params = self.versions.acquire(wanted)
         batch_inputs, target = self._batch(u)
         state = UnitState(version, params, batch_inputs, received, target=target)
@@ -197,7 +194,8 @@ class Worker:
         self.inflight[u] = state
         for b, names in self.part.consumers(self.s):
             tensors = [encode(sent[n], self.specs[n], self.device) for n in names]
-            self.outbox[(Kind.SEND_ACT, u, b)] = [self.comm.header(self.base + u, version), *tensors]
+            carried = version if sent_version is None else sent_version
+            self.outbox[(Kind.SEND_ACT, u, b)] = [self.comm.header(self.base + u, carried), *tensors]
 
     def _run(self, state: UnitState, grad: bool) -> tuple[dict[str, Any], Any]:
         if not self.versions.stash:
