@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
+from pdplan.cmd_tools import check_cluster
 from pdplan.report import cluster_text, recost
 from shared.cli import console
 from shared.graph import load_graph
@@ -53,6 +54,7 @@ def show(plan: str, graph_path: str | None) -> None:
     if graph_path is not None:
         g = load_graph(graph_path)
         check_against_graph(p, g, display_name(plan))
+        check_cluster(p, display_name(plan))
         costs, bottleneck, dp_time = recost(p, g)
         recosted = (bottleneck, dp_time)
     table = Table(

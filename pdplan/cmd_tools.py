@@ -5,9 +5,23 @@ from __future__ import annotations
 import click
 
 from shared.cli import console
+from shared.errors import PlanError
 from shared.graph import load_graph
 from shared.io import display_name
-from shared.plan import check_against_graph, load_plan, plan_schema
+from shared.plan import Plan, check_against_graph, load_plan, plan_schema
+
+
+def check_cluster(p: Plan, source: str) -> None:
+    """The cluster a plan records must have as many workers as the plan has ranks."""
+    if p.cluster is None:
+        return
+    total = p.cluster.workers
+    if total != p.world_size:
+        levels = " x ".join(str(level.workers) for level in p.cluster.levels)
+        raise PlanError(
+            f"{source}: cluster.levels: {levels} = {total} workers but world_size is {p.world_size}; "
+            "make them agree (or remove cluster to skip this check)"
+        )
 
 
 @click.command("schema")
@@ -31,6 +45,7 @@ def validate(plan: str, graph_path: str) -> None:
     p = load_plan(plan)
     g = load_graph(graph_path)
     check_against_graph(p, g, display_name(plan))
+    check_cluster(p, display_name(plan))
     console.print(
         f"[green]ok[/]: {display_name(plan)}: {len(p.stages)} stages on {p.world_size} ranks cover all "
         f"{len(g.nodes)} layers of {display_name(graph_path)}"

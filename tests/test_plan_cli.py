@@ -132,3 +132,14 @@ def test_usage_errors_exit_2(vgg: Path) -> None:
     )
     assert memory.returncode == 2 and b"--memory" in memory.stderr
     assert b"Traceback" not in memory.stderr
+
+
+def test_validate_refuses_a_cluster_that_disagrees_with_the_ranks(vgg: Path, tmp_path: Path) -> None:
+    done = _run([str(BIN / "pdplan"), str(vgg), "--workers", "4,2", "--bandwidth", "1e10,1e9"])
+    plan = json.loads(done.stdout)
+    plan["cluster"]["levels"][0]["workers"] = 2
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan))
+    bad = _run([str(BIN / "pdplan"), "validate", str(edited), "--graph", str(vgg)])
+    assert bad.returncode == 2
+    assert b"cluster.levels: 2 x 2 = 4 workers but world_size is 8" in bad.stderr
