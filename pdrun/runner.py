@@ -207,6 +207,7 @@ def _train(
         vertical_sync=plan.vertical_sync,
         record=cfg.record,
         recompute=plan.schedule == "1f1b" and not cfg.stash,
+        trace=cfg.trace is not None,
     )
     base = 0
     if cfg.resume and cfg.checkpoint_dir:

@@ -91,6 +91,7 @@ class Worker:
         record: bool,
         recompute: bool = False,
         lr_at: Callable[[int], float] | None = None,
+        trace: bool = False,
     ) -> None:
         self.rank = rank
         self.stage = stage
@@ -112,6 +113,7 @@ class Worker:
         self.vertical_sync = vertical_sync
         self.record = record
         self.lr_at = lr_at
+        self.trace = trace  # keep one timeline event per instruction
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         self.base = 0  # global index of the current program's unit 0
         self.inflight: dict[int, UnitState] = {}
@@ -148,6 +150,8 @@ class Worker:
             t0 = time.perf_counter()
             wall0 = time.time()
             self.DISPATCH[ins.kind](ins)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # kernels are asynchronous: time them where they run
             dt = time.perf_counter() - t0
             if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.STEP):
                 self.stats.compute_s += dt
@@ -155,18 +159,19 @@ class Worker:
                 self.stats.idle_s += dt
             else:
                 self.stats.comm_s += dt
-            self.events.append(
-                {
-                    "name": str(ins),
-                    "cat": ins.kind.name.lower(),
-                    "ph": "X",
-                    "ts": wall0 * 1e6,
-                    "dur": dt * 1e6,
-                    "pid": self.rank,
-                    "tid": 0,
-                    "args": {"unit": base + ins.unit, "stage": self.s},
-                }
-            )
+            if self.trace:
+                self.events.append(
+                    {
+                        "name": str(ins),
+                        "cat": ins.kind.name.lower(),
+                        "ph": "X",
+                        "ts": wall0 * 1e6,
+                        "dur": dt * 1e6,
+                        "pid": self.rank,
+                        "tid": 0,
+                        "args": {"unit": base + ins.unit, "stage": self.s},
+                    }
+                )
         self.comm.drain()
 
     # ------------------------------------------------------------------ compute
