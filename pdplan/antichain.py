@@ -140,12 +140,13 @@ def prefix_downsets(problem: Problem) -> tuple[list[int], list[int], list[tuple[
 
 
 def build_space(
-    problem: Problem, max_states: int, max_pairs: int, pairless: bool = False
+    problem: Problem, max_states: int, max_pairs: int, pairless: bool = False, max_moves: int = 0
 ) -> tuple[Problem, StateSpace]:
     """The states to search, and the problem they are over, in this order of preference:
 
     1. all antichain states with their precedence pairs, when the pairs fit ``max_pairs``;
-    2. with ``pairless`` (a solver that needs no pairs), all antichain states up to ``max_states``;
+    2. with ``pairless`` (a solver that needs no pairs), all antichain states up to ``max_states``
+       with at most ``max_moves`` moves between them (the bottleneck search sweeps the moves);
     3. the antichain states (with pairs) of the series-compressed DAG;
     4. the prefixes of a topological order.
     """
@@ -154,7 +155,7 @@ def build_space(
         return problem, _space(problem, *found, "antichain")
     if pairless:
         every = enumerate_downsets(problem, max_states)
-        if every is not None:
+        if every is not None and len(every[2]) <= max_moves:
             return problem, _space(problem, *every, "antichain", with_pairs=False)
     small = compress_series(problem)
     found = _fitting(small, max_states, max_pairs)

@@ -42,6 +42,7 @@ class PlanConfig:
     # Hierarchies solve every range at every inner level (cubic in the states): the budget for
     # an exact search, and the smaller one for a coarse search past it (pair-steps, ~1e8/s).
     max_range_work: float = 1e9
+    max_sweep_work: float = 4e8
     max_coarse_work: float = 2.5e8
 
     def levels(self) -> list[Level]:
@@ -84,7 +85,10 @@ def _range_work(space: StateSpace, config: PlanConfig) -> float:
 def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
     if len(config.workers) == 1:
         # The bottleneck search (threshold.py) needs no pairs: one level, no memory limit.
-        return build_space(problem, config.max_states, config.max_pairs, config.memory is None)
+        # Its sweeps cost about moves x N^2 / 2 per step: past ~4e8, a smaller search.
+        n = config.workers[0]
+        max_moves = int(config.max_sweep_work / max(1, n * (n - 1) // 2))
+        return build_space(problem, config.max_states, config.max_pairs, config.memory is None, max_moves)
     # A hierarchy solves every range at every inner level: exact over the antichain states (of
     # the DAG, then of its series-compressed form) while that fits the budget, else coarse.
     for candidate in (problem, compress_series(problem)):
