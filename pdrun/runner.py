@@ -29,7 +29,8 @@ from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
 from pdrun.partition import Partition, partition
-from pdrun.stage import ValueSpec, build_stage, sample_values, spec_of
+from pdrun.stage import build_stage, sample_values
+from pdrun.values import ValueSpec, spec_of
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
 from shared.errors import PDError, UserError

@@ -13,64 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import fx
 
 from pdrun.partition import Partition
 from shared.tracer import TracedModel
-
-
-@dataclass(frozen=True)
-class ValueSpec:
-    """What a crossing value looks like, found by one forward pass of a sample batch."""
-
-    kind: str  # "tensor", "int", "float", "bool" or "ints" (a torch.Size or tuple of ints)
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    requires_grad: bool
-
-    def empty(self, device: torch.device) -> torch.Tensor:
-        """A receive buffer for this value."""
-        return torch.empty(self.shape, dtype=self.dtype, device=device)
-
-
-def spec_of(value: Any) -> ValueSpec:
-    """The spec of a sample value; non-tensor values travel as small tensors."""
-    if isinstance(value, torch.Tensor):
-        return ValueSpec("tensor", tuple(value.shape), value.dtype, value.requires_grad)
-    if isinstance(value, bool):
-        return ValueSpec("bool", (1,), torch.int64, False)
-    if isinstance(value, int):
-        return ValueSpec("int", (1,), torch.int64, False)
-    if isinstance(value, float):
-        return ValueSpec("float", (1,), torch.float64, False)
-    if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
-        return ValueSpec("ints", (len(value),), torch.int64, False)
-    raise TypeError(
-        f"cannot send a {type(value).__name__} between stages (tensors, ints, floats and sizes only)"
-    )
-
-
-def encode(value: Any, spec: ValueSpec, device: torch.device) -> torch.Tensor:
-    """The tensor that carries ``value`` to another stage."""
-    if spec.kind == "tensor":
-        assert isinstance(value, torch.Tensor)
-        return value.detach()
-    data = [value] if spec.kind in ("int", "float", "bool") else list(value)
-    return torch.tensor(data, dtype=spec.dtype, device=device)
-
-
-def decode(tensor: torch.Tensor, spec: ValueSpec) -> Any:
-    """The value a received tensor carries; a tensor that needs a gradient becomes a leaf that takes one."""
-    if spec.kind == "tensor":
-        return tensor.requires_grad_(spec.requires_grad)
-    if spec.kind == "int":
-        return int(tensor.item())
-    if spec.kind == "float":
-        return float(tensor.item())
-    if spec.kind == "bool":
-        return bool(tensor.item())
-    return torch.Size(int(v) for v in tensor.tolist())
 
 
 @dataclass

@@ -20,7 +20,8 @@ from torch.func import functional_call
 from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm
 from pdrun.data import Units, to_device
 from pdrun.partition import Partition
-from pdrun.stage import StageModule, ValueSpec, decode, encode
+from pdrun.stage import StageModule
+from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
 from shared.schedule import Instr, Kind
 
@@ -119,7 +120,7 @@ class Worker:
         self.inflight: dict[int, UnitState] = {}
         self.inbox: dict[int, dict[str, Any]] = {}
         self.inbox_version: dict[int, int] = {}
-        self.grads: dict[int, dict[str, torch.Tensor]] = {}
+        self.grads: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.outbox: dict[tuple[Kind, int, int], list[torch.Tensor]] = {}
         self.steps = 0
         self.stats = StepStats(time.perf_counter())
@@ -198,7 +199,7 @@ class Worker:
             state.forward_print = fingerprint(params)
         self.inflight[u] = state
         for b, names in self.part.consumers(self.s):
-            tensors = [encode(sent[n], self.specs[n], self.device) for n in names]
+            tensors = self._pack(names, sent)
             carried = version if sent_version is None else sent_version
             self.outbox[(Kind.SEND_ACT, u, b)] = [self.comm.header(self.base + u, carried), *tensors]
 
@@ -231,11 +232,11 @@ class Worker:
             roots.append(state.loss * self.loss_scale)
             grads.append(None)
         incoming = self.grads.pop(u, {})
-        for name, g in incoming.items():
-            value = state.sent[name]
-            if isinstance(value, torch.Tensor) and value.requires_grad:
-                roots.append(value)
-                grads.append(g)
+        for name, gs in incoming.items():
+            for value, g in zip(grad_leaves(state.sent[name], self.specs[name]), gs, strict=True):
+                if value.requires_grad:
+                    roots.append(value)
+                    grads.append(g)
         if roots:
             torch.autograd.backward(roots, grads)
         if self.record:
@@ -255,11 +256,8 @@ class Worker:
         for a, names in self.part.receives(self.s):
             out: list[torch.Tensor] = []
             for n in names:
-                if not self.specs[n].requires_grad:
-                    continue
-                leaf = state.received[n]
-                leaf_grad: torch.Tensor | None = leaf.grad if isinstance(leaf, torch.Tensor) else None
-                out.append(leaf_grad if leaf_grad is not None else torch.zeros_like(leaf))
+                for leaf in grad_leaves(state.received[n], self.specs[n]):
+                    out.append(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
 
     def allreduce(self, ins: Instr) -> None:
@@ -304,13 +302,10 @@ class Worker:
         assert ins.peer is not None
         a = ins.peer[0]
         names = dict(self.part.receives(self.s))[a]
-        buffers = [self.specs[n].empty(self.device) for n in names]
         version, got = self.comm.recv(
-            buffers, self.peers.rank(ins.peer), TAG_ACT, self.base + ins.unit, "activations"
+            self._buffers(names), self.peers.rank(ins.peer), TAG_ACT, self.base + ins.unit, "activations"
         )
-        box = self.inbox.setdefault(ins.unit, {})
-        for n, t in zip(names, got, strict=True):
-            box[n] = decode(t, self.specs[n])
+        self.inbox.setdefault(ins.unit, {}).update(self._unpack(names, got))
         if self.part.reads_input(a) or ins.unit not in self.inbox_version:
             self.inbox_version[ins.unit] = version
 
@@ -323,14 +318,27 @@ class Worker:
         assert ins.peer is not None
         b = ins.peer[0]
         names = [n for n in dict(self.part.consumers(self.s))[b] if self.specs[n].requires_grad]
-        buffers = [self.specs[n].empty(self.device) for n in names]
+        buffers = [g.empty(self.device) for n in names for g in grad_specs(self.specs[n])]
         _, got = self.comm.recv(
             buffers, self.peers.rank(ins.peer), TAG_GRAD, self.base + ins.unit, "gradients"
         )
         box = self.grads.setdefault(ins.unit, {})
-        for n, g in zip(names, got, strict=True):
+        it = iter(got)
+        for n in names:
+            gs = [next(it) for _ in grad_specs(self.specs[n])]
             # A value read by several later stages gets the sum of their gradients.
-            box[n] = box[n] + g if n in box else g
+            box[n] = [a + g for a, g in zip(box[n], gs, strict=True)] if n in box else gs
+
+    def _buffers(self, names: tuple[str, ...]) -> list[torch.Tensor]:
+        """Receive buffers for ``names``' values, from their known shapes."""
+        return [leaf.empty(self.device) for n in names for leaf in leaves(self.specs[n])]
+
+    def _pack(self, names: tuple[str, ...], values: dict[str, Any]) -> list[torch.Tensor]:
+        return [t for n in names for t in encode(values[n], self.specs[n], self.device)]
+
+    def _unpack(self, names: tuple[str, ...], tensors: list[torch.Tensor]) -> dict[str, Any]:
+        it = iter(tensors)
+        return {n: decode(it, self.specs[n]) for n in names}
 
     # ------------------------------------------------------------------ data and bookkeeping
 
@@ -379,17 +387,16 @@ class Worker:
                 continue
             received: dict[str, Any] = {}
             for a, names in self.part.receives(self.s):
-                buffers = [self.specs[x].empty(self.device) for x in names]
                 _, got = self.comm.recv(
-                    buffers, self.peers.of_unit(a, v), TAG_VAL, v, "validation activations"
+                    self._buffers(names), self.peers.of_unit(a, v), TAG_VAL, v, "validation activations"
                 )
-                received.update({x: decode(t, self.specs[x]) for x, t in zip(names, got, strict=True)})
+                received.update(self._unpack(names, got))
             inputs, target = units.batch(v)
             inputs = to_device(inputs, self.device, self.dtype) if self.stage.batch_inputs else ()
             with torch.no_grad():
                 sent, output = self.stage.run(tuple(inputs), received)
                 for b, names in self.part.consumers(self.s):
-                    tensors = [encode(sent[x], self.specs[x], self.device) for x in names]
+                    tensors = self._pack(names, sent)
                     self.comm.send([self.comm.header(v, 0), *tensors], self.peers.of_unit(b, v), TAG_VAL)
                 if self.stage.has_output:
                     real = units.real(v)

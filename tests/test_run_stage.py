@@ -7,16 +7,18 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import TensorDataset, default_collate
 
 from pdrun.config import RunConfig
 from pdrun.data import Units
 from pdrun.launch import launch
 from pdrun.partition import partition
 from pdrun.plans import cut_plan, traced_for
-from pdrun.stage import build_stage, decode, encode, sample_values, spec_of
+from pdrun.stage import build_stage, sample_values
+from pdrun.values import decode, encode, spec_of
 from pdrun.weights import WeightVersions
 from shared.errors import PlanError, RunError
+from shared.resolve import resolve_dataset, resolve_model
 from shared.spec import RunSpec
 
 TWO_INPUTS = '''
@@ -25,7 +27,7 @@ from torch import nn
 
 
 class TwoInputs(nn.Module):
-    """model(x, mask): the mask is read by the last stage straight from the input stage."""
+    """model(x, mask): the mask and h skip to the last stage; a tuple (chunk) crosses from stage 1."""
 
     def __init__(self):
         super().__init__()
@@ -36,8 +38,9 @@ class TwoInputs(nn.Module):
     def forward(self, x, mask):
         n = x.size(0)
         h = torch.tanh(self.a(x))
-        g = torch.relu(self.b(h)) + h
-        return self.head(g * mask).view(n, -1)
+        parts = torch.relu(self.b(h)).chunk(2, dim=1)
+        y = torch.cat([parts[1], parts[0]], 1) * mask + h
+        return self.head(y).view(n, -1)
 
 
 def build():
@@ -61,17 +64,18 @@ def _spec(tmp_path: Path) -> RunSpec:
 
 def test_stages_chained_compute_the_models_output(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
-    plan = cut_plan(spec, ["b", "add"], batch_size=4)
+    plan = cut_plan(spec, ["b", "getitem"], batch_size=4)
     traced = traced_for(spec)
     part = partition(traced, plan)
     assert part.input_stage_of == {"x": 0, "mask": 0}
     assert part.sends[(0, 2)] == ("mask", "size", "tanh")  # straight to the consumer, past stage 1
-    assert part.sends[(0, 1)] == ("tanh",) and part.sends[(1, 2)] == ("relu",)
+    assert part.sends[(0, 1)] == ("tanh",) and part.sends[(1, 2)] == ("chunk",)
     x, mask = torch.randn(4, 8), (torch.rand(4, 16) > 0.5).float()
     want = traced.module(x, mask)
     values = sample_values(traced, (x, mask))
     specs = {n: spec_of(values[n]) for names in part.sends.values() for n in names}
     assert specs["size"].kind == "int" and not specs["mask"].requires_grad and specs["tanh"].requires_grad
+    assert specs["chunk"].kind == "tuple" and len(specs["chunk"].items) == 2 and specs["chunk"].requires_grad
     stages = [build_stage(traced, part, s) for s in range(3)]
     # Each stage holds only its own parameters, under the model's names.
     assert [sorted(n for n, _ in st.module.named_parameters()) for st in stages] == [
@@ -86,7 +90,8 @@ def test_stages_chained_compute_the_models_output(tmp_path: Path) -> None:
         sent, output = st.run(batch, inbox[st.index])
         for b, names in part.consumers(st.index):
             for n in names:  # through the wire format, as between processes
-                inbox[b][n] = decode(encode(sent[n], specs[n], torch.device("cpu")).clone(), specs[n])
+                wire = [t.clone() for t in encode(sent[n], specs[n], torch.device("cpu"))]
+                inbox[b][n] = decode(iter(wire), specs[n])
     torch.testing.assert_close(output, want)
 
 
@@ -154,11 +159,24 @@ def test_weight_versions_share_copies_and_keep_what_vertical_sync_needs() -> Non
 
 
 @pytest.mark.timeout(120)
-def test_a_model_of_two_inputs_trains_through_three_stages(tmp_path: Path) -> None:
+def test_a_model_of_two_inputs_trains_through_three_stages_like_one_process(tmp_path: Path) -> None:
+    # Inputs as a tuple (model(x, mask)), an int, a skip past stage 1 and a tuple of tensors on the wire.
     spec = _spec(tmp_path)
-    plan = cut_plan(spec, ["b", "add"], batch_size=4, schedule="1f1b")
-    results = launch(plan, RunConfig(steps=9, lr=0.1, record=True, validate=False))
+    plan = cut_plan(spec, ["b", "getitem"], batch_size=4, schedule="1f1b-flush", microbatches=2)
+    results = launch(plan, RunConfig(steps=4, lr=0.3, dtype="float64", record=True, validate=False))
     assert results is not None
-    last = next(r for r in results if r.stage == 2)
-    assert len(last.rows) == 9 and all(0 < row["loss"] < 10 for row in last.rows)
-    assert all(row["backward_print"] == row["forward_print"] for r in results for row in r.versions)
+    got = {n: t for r in results for n, t in r.params.items()}
+    assert spec.model is not None and spec.data is not None
+    torch.manual_seed(0)
+    model = resolve_model(spec.model).double()
+    data = resolve_dataset(spec.data)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    for step in range(4):  # batch 8 = 2 units of 4; 5 such batches per epoch of 40
+        order = torch.randperm(40, generator=torch.Generator().manual_seed(0))
+        (x, m), y = default_collate([data[int(i)] for i in order[step * 8 : (step + 1) * 8]])
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x.double(), m.double()), y)
+        torch.autograd.backward([loss])
+        opt.step()
+    for name, p in model.named_parameters():
+        assert (got[name] - p.detach()).abs().max().item() < 1e-6, name
