@@ -86,3 +86,29 @@ def test_big_profiles_plan(name: str, search: str) -> None:
     assert plan.predicted is not None and plan.predicted.search == search
     _, bottleneck, _ = recost(plan, _graph(name))
     assert math.isclose(bottleneck, plan.predicted.time_per_minibatch_s, rel_tol=1e-9)
+
+
+def test_hierarchy_keeps_replicas_on_consecutive_ranks_of_a_server() -> None:
+    plan = make_plan(_graph("vgg16"), PlanConfig(workers=(4, 4), bandwidths=(1e10, 1e9)))
+    for stage in plan.stages:
+        by_server: dict[int, list[int]] = {}
+        for rank in stage.ranks:
+            by_server.setdefault(rank // 4, []).append(rank)
+        sizes = {len(ranks) for ranks in by_server.values()}
+        assert len(sizes) == 1  # the same slots in every server the stage spans
+        for ranks in by_server.values():
+            assert ranks == list(range(ranks[0], ranks[0] + len(ranks)))
+
+
+def test_long_chain_on_three_levels_plans_coarsely_and_validly() -> None:
+    from bench.bench_planner import synthetic_chain
+
+    graph = synthetic_chain(400, seed=3)
+    config = PlanConfig(
+        workers=(4, 2, 4), bandwidths=(1e11, 1e10, 1e9), max_range_work=1e6, max_coarse_work=2e6
+    )
+    plan = make_plan(graph, config)
+    check_against_graph(plan, graph)
+    assert plan.predicted is not None and plan.predicted.search == "coarse-prefix"
+    assert plan.predicted.states is not None and plan.predicted.states < 400
+    assert sum(s.replicas for s in plan.stages) == 32
