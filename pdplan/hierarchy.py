@@ -30,7 +30,7 @@ class FlatStage:
 
 @dataclass
 class Solution:
-    """The optimum, the stages behind it, and each level's tables for inspection."""
+    """The optimum and the stages behind it, first to last."""
 
     time_s: float
     stages: list[FlatStage]
