@@ -33,7 +33,7 @@ from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
-from shared.errors import PDError, UserError
+from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
 from shared.schedule import build_program, validate_program
@@ -130,19 +130,36 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
         torch.set_num_threads(cfg.threads)
     backend = cfg.backend or ("nccl" if cfg.device == "cuda" else "gloo")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    dist.init_process_group(
-        backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s)
-    )
+    try:
+        dist.init_process_group(
+            backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s)
+        )
+    except dist.DistError as exc:
+        failure = _joining_failed(env, cfg, exc)
+        record_failure(errdir, env.rank, failure)
+        raise failure from exc
     try:
         out = _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
         dist.barrier()  # leave together: no rank tears its connections down while a peer still uses them
         return out
+    except dist.DistStoreError as exc:
+        failure = _joining_failed(env, cfg, exc)
+        record_failure(errdir, env.rank, failure)
+        raise failure from exc
     except BaseException as exc:
         # Record before tearing down: once our peers see the group close, the launcher kills us.
         record_failure(errdir, env.rank, exc)
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _joining_failed(env: DistEnv, cfg: RunConfig, exc: BaseException) -> RunError:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RunError(
+        f"rank {env.rank}: a peer did not join the process group within {cfg.timeout_s:g}s "
+        f"({type(exc).__name__}: {first})"
+    )
 
 
 def _train(
