@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pdprof.cmd_import import import_pipedream
 from shared.cli import tool_group
 
 main = tool_group(
@@ -10,22 +9,10 @@ main = tool_group(
     "Profile a PyTorch model into a layer graph (JSON, stdout or -o) and a profile table (Parquet).\n\n"
     "Run `pdprof --model SPEC --data SPEC --batch-size N` to profile; the subcommands below do the rest.",
     default_command="profile",
+    lazy={
+        "profile": ("pdprof.cmd_profile:profile", "Profile a model (the default command)."),
+        "zoo": ("pdprof.cmd_zoo:zoo", "List the built-in models and datasets."),
+        "import-pipedream": ("pdprof.cmd_import:import_pipedream", "Convert a PipeDream profile (graph.txt)."),
+        "show": ("pdprof.cmd_show:show", "Show a layer graph as a table of layers."),
+    },
 )
-main.add_command(import_pipedream)
-
-
-def _register_optional() -> None:
-    # Commands whose modules land separately; each registers itself when present.
-    import importlib
-
-    for module, attr in (("pdprof.cmd_profile", "profile"), ("pdprof.cmd_zoo", "zoo"), ("pdprof.cmd_show", "show")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        main.add_command(getattr(mod, attr))
-
-
-_register_optional()

@@ -8,6 +8,7 @@ through rich; machine output (JSON) goes to stdout, so pipes stay clean.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -32,9 +33,37 @@ _GROUP_EXITS = {"--help", "-h", "--version"}
 class ToolGroup(click.Group):
     """A click group that runs ``default_command`` when the first word is not a subcommand."""
 
-    def __init__(self, *args: Any, default_command: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        default_command: str | None = None,
+        lazy: dict[str, tuple[str, str]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.default_command = default_command
+        # name -> ("module:attr", short help). Imported only when run: most commands import
+        # torch (~2 s), which `--version`, `--help` and pdplan must not pay.
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            module, _, attr = self.lazy[cmd_name][0].partition(":")
+            self.commands[cmd_name] = getattr(importlib.import_module(module), attr)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = [
+            (name, self.commands[name].get_short_help_str(limit) if name in self.commands else self.lazy[name][1])
+            for name in self.list_commands(ctx)
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         args = list(args)
@@ -44,7 +73,7 @@ class ToolGroup(click.Group):
         if self.default_command is not None:
             rest = args[i:]
             bare_exit = len(rest) == 1 and rest[0] in _GROUP_EXITS
-            if not bare_exit and (not rest or rest[0] not in self.commands):
+            if not bare_exit and (not rest or rest[0] not in self.list_commands(ctx)):
                 if not rest and sys.stdin.isatty():
                     pass  # `pdplan` alone at a terminal: show the group's help below
                 else:
@@ -93,13 +122,16 @@ class ToolGroup(click.Group):
             sys.exit(exit_code_for(exc))
 
 
-def tool_group(name: str, help_text: str, default_command: str | None) -> ToolGroup:
-    """Build a tool's top-level group with ``--version`` and ``--debug``."""
+def tool_group(
+    name: str, help_text: str, default_command: str | None, lazy: dict[str, tuple[str, str]] | None = None
+) -> ToolGroup:
+    """Build a tool's top-level group with ``--version``, ``--debug`` and its lazily imported commands."""
 
     @click.group(
         name=name,
         cls=ToolGroup,
         default_command=default_command,
+        lazy=lazy,
         help=help_text,
         context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     )
