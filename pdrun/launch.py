@@ -9,7 +9,6 @@ one worker. The first worker failure is reported with its rank.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -105,16 +104,15 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
         rdzv_configs={**configs, "timeout": int(max(cfg.timeout_s, 30))},
         max_restarts=0,
         monitor_interval=0.05,
-        # fork starts a CPU worker in milliseconds; CUDA cannot be forked once initialised.
-        start_method="spawn" if cfg.device == "cuda" else "fork",
+        # [Note: start method] Not fork: the launcher holds threads (the c10d store, rendezvous
+        # keep-alive), and a child forked while one of them holds a lock can hang at start (seen
+        # under load). A forkserver is one clean, single-threaded process that imports torch once
+        # and forks every worker of every launch from there: fork's speed without its hazards.
+        # CUDA needs spawn (a CUDA context cannot cross a fork).
+        start_method="spawn" if cfg.device == "cuda" else "forkserver",
     )
-    if config.start_method == "fork":
-        # Creating an optimizer imports torch._dynamo (seconds); do it once here, not in every worker.
-        import torch._dynamo  # noqa: F401
-
-        # Garbage left by earlier launches in this process (rendezvous stores with their threads) must
-        # die here: collected in a forked child, whose threads are gone, its destructors crash.
-        gc.collect()
+    if config.start_method == "forkserver":
+        _preload_forkserver()
     with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher():
         try:
             out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), cfg, errdir)
@@ -122,6 +120,14 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
             raise _first_failure(Path(errdir), exc) from None
     result = out.get(0)
     return list(result) if result is not None else None
+
+
+def _preload_forkserver() -> None:
+    """Import what every worker needs once, in the forkserver, before it forks them."""
+    import multiprocessing
+
+    # torch._dynamo: creating an optimizer imports it (seconds); pdrun.runner: the worker itself.
+    multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", "pdrun.runner"])
 
 
 @contextmanager

@@ -9,7 +9,6 @@ or the whole run) at a time, and rank 0 gathers what every rank measured.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -345,8 +344,6 @@ class _Progress:
 
 def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[WorkerResult] | None:
     """The launcher's entrypoint on every rank; a failure is written to ``errdir`` before it propagates."""
-    # A forked worker inherits the launcher's objects; it must never collect them (their threads are gone).
-    gc.freeze()
     env = DistEnv.from_environ()
     try:
         plan = Plan.model_validate_json(plan_json)
