@@ -34,8 +34,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--bandwidth", default="1e8", help="bytes/s between the two workers, as planned for")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--train-args", default="--optimizer sgd --lr 0.05 --momentum 0.9",
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--train-args", default="--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --lr-schedule cosine",
                         help="pdrun's training options")
     args = parser.parse_args()
 
