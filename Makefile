@@ -38,8 +38,10 @@ lint: install
 bench: install
 	$(BIN)/python -m bench.run_all
 
+# On a machine with a GPU: pdprof times a zoo model with CUDA events; pdrun runs a 1- and a 2-stage plan on CUDA.
 gpu-check: install
 	$(BIN)/python -m bench.gpu_check
+	$(BIN)/python -m bench.gpu_run_check
 
 clean:
 	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info
