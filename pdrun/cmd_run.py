@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import click
 
@@ -12,7 +12,7 @@ from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfi
 from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
-from shared.plan import SCHEDULES, load_plan
+from shared.plan import SCHEDULES, Plan, load_plan
 
 
 @click.command("run")
@@ -80,7 +80,19 @@ from shared.plan import SCHEDULES, load_plan
     "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome-trace timeline (JSON)."
 )
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="Write per-stage checkpoints here.")
-@click.option("--resume", is_flag=True, help="Start from the checkpoints in --checkpoint-dir.")
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    help="Also checkpoint every N steps (the pipeline drains there); default: at the end of each epoch/run.",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Complete checkpoints kept in --checkpoint-dir (0: all).",
+)
+@click.option("--resume", is_flag=True, help="Start from the last complete checkpoint in --checkpoint-dir.")
 @click.option(
     "--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines in the job."
 )
@@ -114,6 +126,8 @@ def run(
     metrics_path: str | None,
     trace_path: str | None,
     checkpoint_dir: str | None,
+    checkpoint_every: int | None,
+    keep: int,
     resume: bool,
     nnodes: int,
     node_rank: int | None,
@@ -126,6 +140,8 @@ def run(
         raise click.UsageError("give --steps or --epochs, not both")
     if resume and not checkpoint_dir:
         raise click.UsageError("--resume needs --checkpoint-dir")
+    if checkpoint_every and not checkpoint_dir:
+        raise click.UsageError("--checkpoint-every needs --checkpoint-dir")
     p = load_plan(plan)
     cfg = RunConfig(
         steps=steps,
@@ -148,9 +164,13 @@ def run(
         metrics=metrics_path,
         trace=trace_path,
         checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        keep=keep,
         resume=resume,
         progress=not quiet,
     )
+    if resume and checkpoint_dir:
+        cfg = _resume_from(p, cfg, checkpoint_dir, quiet)
     results = launch(
         p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan)
     )
@@ -165,6 +185,9 @@ def run(
     if trace_path:
         timeline.save(results, trace_path)
     summary["artifacts"] = {"metrics": metrics_path, "trace": trace_path, "checkpoints": checkpoint_dir}
+    rank0 = min(results, key=lambda r: r.rank)
+    summary["checkpoint_steps"] = rank0.checkpoints  # complete checkpoints this run wrote
+    summary["resumed_from_step"] = rank0.resumed_from
     if not quiet:
         acc = summary.get("val_accuracy")
         console.print(
@@ -173,3 +196,17 @@ def run(
             + (f", val accuracy {acc:.2%}" if acc is not None else "")
         )
     click.echo(json.dumps(summary, indent=2, default=str))
+
+
+def _resume_from(plan: Plan, cfg: RunConfig, directory: str, quiet: bool) -> RunConfig:
+    """Pick the checkpoint to resume from here, to say which one and which newer ones were skipped."""
+    from pdrun.checkpoint import resume_point
+    from pdrun.runner import effective_plan
+
+    used = effective_plan(plan, cfg)
+    ck, skipped = resume_point(directory, used.graph_hash, len(used.stages), used.world_size)
+    if not quiet or skipped:
+        for why in skipped:
+            console.print(f"pdrun: skipping incomplete checkpoint {why}")
+        console.print(f"pdrun: resuming from {ck.path} (step {ck.step})")
+    return replace(cfg, resume_from=str(ck.path))

@@ -37,6 +37,14 @@ def emulated_bandwidth() -> float | None:
     return bandwidth if bandwidth > 0 else None
 
 
+def _broken(message: str) -> str | None:
+    """ "Connection reset" or "Connection closed" when gloo's error says the peer's connection broke."""
+    for what in ("Connection reset", "Connection closed"):
+        if what in message:
+            return what.lower()
+    return None
+
+
 class Comm:
     """This worker's sends in flight and the time spent communicating."""
 
@@ -79,9 +87,15 @@ class Comm:
             try:
                 ok = work.wait(timeout=timedelta(seconds=left))
             except RuntimeError as exc:
+                first = str(exc).splitlines()[0] if str(exc) else "timeout"
+                if _broken(first):
+                    raise RunError(
+                        f"rank {self.rank}: lost rank {src} while waiting for {what} of unit {unit} "
+                        f"({_broken(first)} by peer)"
+                    ) from None
                 raise RunError(
                     f"rank {self.rank}: no {what} of unit {unit} from rank {src} within {self.timeout_s:g}s "
-                    f"({str(exc).splitlines()[0] if str(exc) else 'timeout'})"
+                    f"({first})"
                 ) from None
             if ok is False:
                 raise RunError(

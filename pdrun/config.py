@@ -36,7 +36,10 @@ class RunConfig:
     metrics: str | None = None  # Parquet path
     trace: str | None = None  # Chrome trace path
     checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None  # steps between checkpoints (besides the end of each epoch)
+    keep: int = 2  # complete checkpoints kept (0: all)
     resume: bool = False
+    resume_from: str | None = None  # the verified checkpoint directory --resume starts from (set by launch)
     dtype: Dtype = "float32"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True

@@ -12,16 +12,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pdrun import checkpoint
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets
 from pdrun.env import DistEnv, under_torchrun
@@ -78,10 +80,20 @@ def launch(
     if under_torchrun():
         env = DistEnv.from_environ()
         check(plan, cfg, env.world_size, source)
-        return worker_entry(plan.model_dump_json(), cfg, None)
+        return worker_entry(plan.model_dump_json(), resume_config(plan, cfg), None)
     nproc = nodes.nproc_per_node or -(-plan.world_size // nodes.nnodes)
     check(plan, cfg, nproc * nodes.nnodes, source)
-    return _elastic(plan, cfg, nodes, nproc)
+    return _elastic(plan, resume_config(plan, cfg), nodes, nproc)
+
+
+def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the verified checkpoint ``--resume`` starts from; UserError when there is none."""
+    if not cfg.resume or cfg.resume_from is not None:
+        return cfg
+    if not cfg.checkpoint_dir:
+        raise UserError("--resume needs --checkpoint-dir")
+    ck, _ = checkpoint.resume_point(cfg.checkpoint_dir, plan.graph_hash, len(plan.stages), plan.world_size)
+    return replace(cfg, resume_from=str(ck.path))
 
 
 def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[WorkerResult] | None:
@@ -151,21 +163,40 @@ _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", 
 
 
 def _first_failure(errdir: Path, exc: Exception) -> PDError:
-    """The earliest worker error, as one line naming its rank; our user errors keep exit status 2."""
+    """The failure that caused the others, as one line naming its rank; our user errors keep exit status 2.
+
+    A rank that died without writing its error (killed by a signal, or exited hard) comes first:
+    its peers' errors ("connection closed", "no activations from rank R") are its consequences.
+    """
     records = []
     for path in errdir.glob("rank*.json"):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
+    recorded = {int(r["rank"]) for r in records if isinstance(r.get("rank"), int)}
+    failures = getattr(exc, "failures", {}) or {}
+    silent = [(rank, f) for rank, f in failures.items() if rank not in recorded]
+    if silent:
+        rank, failure = min(silent, key=lambda kv: (getattr(kv[1], "timestamp", 0), kv[0]))
+        return RunError(f"worker rank {rank} died ({_death(failure)})")
     if not records:
-        failures = getattr(exc, "failures", {}) or {}
-        if failures:
-            rank, failure = min(failures.items(), key=lambda kv: getattr(kv[1], "timestamp", 0))
-            return RunError(f"worker rank {rank} died (exit code {getattr(failure, 'exitcode', '?')})")
         return RunError(f"a worker failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-    first = min(records, key=lambda r: r["time"])
+    # A rank that saw its peer's connection break reports a consequence: the cause is elsewhere.
+    causes = [r for r in records if not r.get("peer_lost")] or records
+    first = min(causes, key=lambda r: r["time"])
     message = f"worker rank {first['rank']} failed: {first['type']}: {first['message']}"
     if first.get("traceback"):
         message += "\n" + first["traceback"]
     return UserError(message) if first.get("user") else RunError(message)
+
+
+def _death(failure: Any) -> str:
+    """How a process ended: "signal SIGKILL" or "exit code 3"."""
+    code = getattr(failure, "exitcode", None)
+    if isinstance(code, int) and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code if code is not None else '?'}"

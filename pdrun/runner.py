@@ -27,6 +27,7 @@ from pdrun.comm import Comm
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
+from pdrun.faults import Fault
 from pdrun.partition import Partition, partition
 from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of
@@ -57,6 +58,8 @@ class WorkerResult:
     )  # testing: per unit, forward/backward version
     max_versions: int = 0
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # testing: final weights (CPU)
+    checkpoints: list[int] = field(default_factory=list)  # steps whose checkpoint this rank helped write
+    resumed_from: int | None = None  # the step of the checkpoint this run started from
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,11 @@ def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
     ups = 1 if plan.schedule == "1f1b" else plan.microbatches
     # 1f1b all-reduces one unit per replica at a time: a program's units must divide among replicas.
     multiple = math.lcm(*(s.replicas for s in plan.stages)) if plan.schedule == "1f1b" else ups
+    if cfg.checkpoint_every is not None and cfg.checkpoint_every * ups % multiple:
+        raise UserError(
+            f"--checkpoint-every: {cfg.checkpoint_every} must be a multiple of {multiple} "
+            "(the replicas of the plan's stages)"
+        )
     if cfg.steps is not None:
         units = cfg.steps * ups
         if units % multiple:
@@ -148,9 +156,64 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
     except BaseException as exc:
         # Record before tearing down: once our peers see the group close, the launcher kills us.
         record_failure(errdir, env.rank, exc)
+        if errdir is not None and peer_lost(exc):
+            # A peer vanished (killed, out of memory): give the launcher a moment to see that death
+            # first, so that it, not this consequence, is what the run reports. It stops us meanwhile.
+            time.sleep(PEER_LOST_GRACE_S)
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _chunks(length: int, base: int, every: int) -> list[int]:
+    """Cut a segment of ``length`` units starting at global unit ``base`` at multiples of ``every`` (0: not)."""
+    if every <= 0:
+        return [length]
+    out = []
+    while length > 0:
+        n = min(length, every - base % every)
+        out.append(n)
+        length -= n
+        base += n
+    return out
+
+
+def _checkpoint(
+    env: DistEnv,
+    cfg: RunConfig,
+    plan: Plan,
+    s: int,
+    replica: int,
+    step: int,
+    units: int,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+) -> None:
+    """Every rank writes its files; rank 0 commits the manifest once all have (the pipeline is drained)."""
+    assert cfg.checkpoint_dir is not None
+    files = []
+    if replica == 0:  # replicas are identical: one copy per stage
+        files.append(
+            checkpoint.save_stage(cfg.checkpoint_dir, step, s, module, optimizer, units, plan.graph_hash)
+        )
+    files.append(checkpoint.save_rank(cfg.checkpoint_dir, step, env.rank, device))
+    fault = Fault.from_environ()
+    if fault is not None:
+        fault.at_checkpoint(env.rank, step)
+    gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
+    dist.gather_object(files, gathered if env.rank == 0 else None, dst=0)
+    if env.rank == 0:
+        checkpoint.commit(
+            cfg.checkpoint_dir,
+            step,
+            units,
+            plan.graph_hash,
+            len(plan.stages),
+            env.world_size,
+            [w for got in gathered for w in got],
+            cfg.keep,
+        )
 
 
 def _joining_failed(env: DistEnv, cfg: RunConfig, exc: BaseException) -> RunError:
@@ -227,10 +290,14 @@ def _train(
         trace=cfg.trace is not None,
     )
     base = 0
-    if cfg.resume and cfg.checkpoint_dir:
-        base = checkpoint.load(cfg.checkpoint_dir, s, stage.module, optimizer, device, plan.graph_hash)
-        worker.steps = base // segs.units_per_step
+    resumed: int | None = None
+    if cfg.resume_from is not None:
+        ck = Path(cfg.resume_from)
+        manifest = json.loads((ck / checkpoint.MANIFEST).read_text())
+        checkpoint.load_stage(ck, s, stage.module, optimizer, device, plan.graph_hash)
+        base, worker.steps = int(manifest["units"]), int(manifest["step"])
         versions.latest = worker.steps
+        resumed = worker.steps
     total_steps = worker.steps + sum(segs.lengths) // segs.units_per_step
     worker.lr_at = lambda step: cfg.lr_at(step, total_steps)
     val_units = (
@@ -245,21 +312,37 @@ def _train(
     worker.on_step = progress.step
     validation: list[dict[str, Any]] = []
     programs: dict[int, Any] = {}
+    written: list[int] = []
+
+    def save_checkpoint() -> None:
+        assert cfg.checkpoint_dir is not None
+        _checkpoint(env, cfg, plan, s, replica, worker.steps, base, stage.module, optimizer, device)
+        written.append(worker.steps)
+
+    if cfg.resume_from is not None:
+        # Last, after every draw building the stage made: the generator continues where the run stopped.
+        checkpoint.load_rank(Path(cfg.resume_from), env.rank, device)
     try:
         for epoch, length in enumerate(segs.lengths):
-            if length not in programs:
-                program = build_program(
-                    plan.schedule,
-                    replicas,
-                    length,
-                    microbatches=plan.microbatches,
-                    stage_edges=sorted(part.edges()),
-                    in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
-                )
-                validate_program(program)  # every send has its receive, no deadlock: before any runs
-                programs[length] = program
-            worker.run(programs[length][(s, replica)], base)
-            base += length
+            segment_end = base + length
+            for chunk in _chunks(length, base, segs.units_per_step * (cfg.checkpoint_every or 0)):
+                if chunk not in programs:
+                    program = build_program(
+                        plan.schedule,
+                        replicas,
+                        chunk,
+                        microbatches=plan.microbatches,
+                        stage_edges=sorted(part.edges()),
+                        in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+                    )
+                    validate_program(program)  # every send has its receive, no deadlock: before any runs
+                    programs[chunk] = program
+                worker.run(programs[chunk][(s, replica)], base)
+                base += chunk
+                every = segs.units_per_step * (cfg.checkpoint_every or 0)
+                # The segment's end checkpoints after validation, below.
+                if cfg.checkpoint_dir and every and base % every == 0 and base < segment_end:
+                    save_checkpoint()
             last = epoch == len(segs.lengths) - 1
             if val_units is not None and (segs.epochs or last):
                 loss_sum, correct, count = worker.validate(val_units)
@@ -276,8 +359,8 @@ def _train(
                 }
                 validation.append(entry)
                 progress.validated(entry)
-            if cfg.checkpoint_dir and replica == 0:
-                checkpoint.save(cfg.checkpoint_dir, s, stage.module, optimizer, base, plan.graph_hash)
+            if cfg.checkpoint_dir:
+                save_checkpoint()
     finally:
         progress.close()
     result = WorkerResult(
@@ -295,6 +378,8 @@ def _train(
         params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()}
         if cfg.record
         else {},
+        checkpoints=written,
+        resumed_from=resumed,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
@@ -353,6 +438,16 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
         raise
 
 
+PEER_LOST_GRACE_S = 3.0
+_PEER_LOST = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused", "lost rank")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """True when ``exc`` says a peer's connection broke: the peer's failure, seen from here."""
+    text = str(exc)
+    return any(marker in text for marker in _PEER_LOST)
+
+
 def record_failure(errdir: str | None, rank: int, exc: BaseException) -> None:
     """Write this rank's first error where the launcher reads it (once: the first error is the cause)."""
     if errdir is None:
@@ -368,6 +463,7 @@ def record_failure(errdir: str | None, rank: int, exc: BaseException) -> None:
         "message": first,
         "user": isinstance(exc, UserError),
         "ours": isinstance(exc, PDError),
+        "peer_lost": peer_lost(exc),
         "traceback": traceback.format_exc() if os.environ.get("PIPEDREAM_DEBUG") == "1" else "",
     }
     tmp = path.with_suffix(".tmp")

@@ -19,6 +19,7 @@ from torch.func import functional_call
 
 from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm
 from pdrun.data import Units, to_device
+from pdrun.faults import Fault
 from pdrun.partition import Partition
 from pdrun.stage import StageModule
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
@@ -117,6 +118,7 @@ class Worker:
         self.trace = trace  # keep one timeline event per instruction
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         self.base = 0  # global index of the current program's unit 0
+        self.fault = Fault.from_environ()  # testing: an injected failure
         self.inflight: dict[int, UnitState] = {}
         self.inbox: dict[int, dict[str, Any]] = {}
         self.inbox_version: dict[int, int] = {}
@@ -179,6 +181,8 @@ class Worker:
 
     def forward(self, ins: Instr) -> None:
         u = ins.unit
+        if self.fault is not None:
+            self.fault.at_unit(self.rank, self.base + u)
         received = self.inbox.pop(u, {})
         sent_version = self.inbox_version.pop(u, None)  # the input stage's version, carried along
         wanted = sent_version if self.vertical_sync and not self.part.reads_input(self.s) else None

@@ -68,7 +68,7 @@ def test_run_writes_summary_metrics_timeline_and_checkpoints(tmp_path: Path) -> 
     assert names0[:2] == ["F0", "SA0>1.0"] and names0.count("S3") == 1
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in boxes)
 
-    states = [torch.load(ck / f"stage{s}.pt", weights_only=True) for s in (0, 1)]
+    states = [torch.load(ck / "step-000004" / f"stage{s}.pt", weights_only=True) for s in (0, 1)]
     assert [st["units"] for st in states] == [4, 4]
     assert "stem.weight" in states[0]["model"] and "head.weight" in states[1]["model"]
     assert not set(states[0]["model"]) & set(states[1]["model"])
@@ -79,7 +79,7 @@ def test_run_writes_summary_metrics_timeline_and_checkpoints(tmp_path: Path) -> 
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["units"] == 6
-    assert torch.load(ck / "stage1.pt", weights_only=True)["units"] == 6
+    assert torch.load(ck / "step-000006" / "stage1.pt", weights_only=True)["units"] == 6
 
 
 def _error(res: object) -> str:

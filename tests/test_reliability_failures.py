@@ -1,0 +1,141 @@
+"""A worker that raises or is killed mid-step: every worker stops, pdrun exits non-zero within 30 s
+naming the rank and its error, and no process of the run is left behind.
+
+pdrun runs as a real subprocess with three workers over gloo on 127.0.0.1; the failure is injected
+with ``PIPEDREAM_FAULT`` (pdrun/faults.py). Every process of the run (launcher, forkserver, workers)
+inherits a unique marker in its environment, which is how the test finds any that outlived pdrun.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pdrun.plans import cut_plan
+from shared.plan import save_plan
+from shared.spec import RunSpec
+
+# Each worker builds the dataset (the launcher too, checking the plan, without RANK): recording the
+# pid there tells the test which processes were workers.
+PID_DATA = """
+import os
+from pathlib import Path
+
+from shared.resolve import resolve_dataset
+
+
+def build(pids):
+    if "RANK" in os.environ:
+        Path(pids, "rank%s.pid" % os.environ["RANK"]).write_text(str(os.getpid()))
+    return resolve_dataset("zoo:digits", {})
+"""
+
+MARK = "PDRUN_RELIABILITY_TEST_MARK"
+
+
+def run_pdrun(
+    args: list[str], env: dict[str, str], timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], float, str]:
+    """Run pdrun; (result, seconds, marker) where every process it started carries the marker."""
+    mark = uuid.uuid4().hex
+    pdrun = Path(sys.executable).parent / "pdrun"
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [str(pdrun), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", MARK: mark, **env},
+    )
+    return done, time.monotonic() - t0, mark
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes whose environment holds ``mark`` (read from /proc, no psutil)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("pdrun: error")]
+
+
+@pytest.fixture
+def plan3(tmp_path: Path) -> Path:
+    (tmp_path / "pids").mkdir()
+    (tmp_path / "piddata.py").write_text(PID_DATA)
+    spec = RunSpec(
+        model="zoo:resmlp",
+        model_args={"width": 32, "depth": 2},
+        data=f"{tmp_path}/piddata.py:build",
+        data_args={"pids": str(tmp_path / "pids")},
+    )
+    path = tmp_path / "plan.json"
+    save_plan(cut_plan(spec, [3, 6], batch_size=16, schedule="1f1b-flush", microbatches=2), path)
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("raise:1:9", "worker rank 1 failed: InjectedFault: injected fault at unit 9"),
+        ("kill:2:9", "worker rank 2 died (signal SIGKILL)"),
+        ("kill:0:9", "worker rank 0 died (signal SIGKILL)"),
+    ],
+)
+def test_a_failed_worker_stops_the_run_within_30s_naming_its_rank_and_leaves_no_process(
+    plan3: Path, fault: str, expected: str
+) -> None:
+    # --timeout 300: the peers blocked on the dead rank must be stopped by pdrun, not by their timeout.
+    done, seconds, mark = run_pdrun(
+        [str(plan3), "--steps", "40", "--timeout", "300", "-q", "--no-val"], {"PIPEDREAM_FAULT": fault}
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert seconds < 30, f"pdrun took {seconds:.1f}s to report a failed worker"
+    lines = error_lines(done.stderr)
+    assert lines == [f"pdrun: error: {expected}"], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    pids = [int(p.read_text()) for p in sorted((plan3.parent / "pids").glob("rank*.pid"))]
+    assert len(pids) == 3  # all three workers ran
+    assert [p for p in pids if alive(p)] == []
+    assert marked_processes(mark) == []  # nor the forkserver, nor anything else pdrun started
+
+
+@pytest.mark.timeout(60)
+def test_a_healthy_run_leaves_no_process_either(plan3: Path) -> None:
+    done, _, mark = run_pdrun([str(plan3), "--steps", "2", "-q", "--no-val"], {})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((plan3.parent / "pids").glob("rank*.pid"))) == 3
+    assert marked_processes(mark) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_malformed_fault_spec_is_one_line(plan3: Path) -> None:
+    done, _, _ = run_pdrun([str(plan3), "--steps", "2", "-q", "--no-val"], {"PIPEDREAM_FAULT": "explode:1"})
+    assert done.returncode == 2
+    assert len(error_lines(done.stderr)) == 1 and "PIPEDREAM_FAULT" in done.stderr
