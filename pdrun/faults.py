@@ -2,7 +2,8 @@
 
 ``raise:R:U`` makes rank ``R`` raise in the forward of global unit ``U``; ``kill:R:U`` makes
 it kill itself with SIGKILL there (no handler, no last words: what an out-of-memory kill
-or a lost machine looks like); ``checkpoint-kill:R:S`` kills it after it wrote its files of
+or a lost machine looks like); ``hang:R:U`` makes it stop there forever without dying (a
+deadlocked or stalled peer); ``checkpoint-kill:R:S`` kills it after it wrote its files of
 the checkpoint at step ``S`` but before that checkpoint is complete. Unset: nothing happens.
 """
 
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 from shared.errors import UserError
 
 FAULT_ENV = "PIPEDREAM_FAULT"
-KINDS = ("raise", "kill", "checkpoint-kill")
+KINDS = ("raise", "kill", "hang", "checkpoint-kill")
 
 
 class InjectedFault(RuntimeError):
@@ -48,6 +50,9 @@ class Fault:
             raise InjectedFault(f"injected fault at unit {unit}")
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "hang":
+            while True:
+                time.sleep(3600)
 
     def at_checkpoint(self, rank: int, step: int) -> None:
         """Called after a rank wrote its checkpoint files, before the checkpoint is committed."""

@@ -9,6 +9,7 @@ inherits a unique marker in its environment, which is how the test finds any tha
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -126,6 +127,24 @@ def test_a_failed_worker_stops_the_run_within_30s_naming_its_rank_and_leaves_no_
     assert len(pids) == 3  # all three workers ran
     assert [p for p in pids if alive(p)] == []
     assert marked_processes(mark) == []  # nor the forkserver, nor anything else pdrun started
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_never_sends_ends_the_run_after_timeout_naming_it(plan3: Path) -> None:
+    # Rank 1 stalls (alive, silent) in the forward of unit 9: its neighbours give up after --timeout.
+    done, seconds, mark = run_pdrun(
+        [str(plan3), "--steps", "40", "--timeout", "4", "-q", "--no-val"], {"PIPEDREAM_FAULT": "hang:1:9"}
+    )
+    assert done.returncode == 1 and seconds < 30, done.stderr[-2000:]
+    [line] = error_lines(done.stderr)
+    assert re.fullmatch(
+        r"pdrun: error: worker rank [02] failed: RunError: rank [02]: no (activations|gradients) of unit \d+ "
+        r"from rank 1 within 4s.*",
+        line,
+    ), line
+    pids = [int(p.read_text()) for p in sorted((plan3.parent / "pids").glob("rank*.pid"))]
+    assert len(pids) == 3 and [p for p in pids if alive(p)] == []  # the stalled rank too
+    assert marked_processes(mark) == []
 
 
 def test_a_malformed_fault_spec_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
