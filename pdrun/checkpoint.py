@@ -83,9 +83,16 @@ def save_stage(
     return _write(step_dir(directory, step) / f"stage{stage}.pt", state)
 
 
-def save_rank(directory: str, step: int, rank: int, device: torch.device) -> Written:
-    """Write this rank's random number generator state (dropout draws continue where they were)."""
-    state: dict[str, Any] = {"rank": rank, "step": step, "cpu_rng": torch.get_rng_state()}
+def save_rank(
+    directory: str, step: int, rank: int, device: torch.device, own_steps: int | None = None
+) -> Written:
+    """Write this rank's random number generator state and its own step count (a replica's is lower)."""
+    state: dict[str, Any] = {
+        "rank": rank,
+        "step": step,
+        "own_steps": step if own_steps is None else own_steps,
+        "cpu_rng": torch.get_rng_state(),
+    }
     if device.type == "cuda":
         state["cuda_rng"] = torch.cuda.get_rng_state(device).cpu()
     return _write(step_dir(directory, step) / f"rank{rank}.pt", state)
@@ -240,15 +247,16 @@ def load_stage(
         raise ArtifactError(str(path), "model", f"not a checkpoint of this stage ({first[:200]})") from None
 
 
-def load_rank(ck: Path, rank: int, device: torch.device) -> None:
-    """Restore this rank's random number generator state from ``ck``."""
+def load_rank(ck: Path, rank: int, device: torch.device) -> int:
+    """Restore this rank's random number generator state from ``ck``; returns its own step count."""
     path = ck / f"rank{rank}.pt"
     state = _read(path, torch.device("cpu"))
     try:
         torch.set_rng_state(state["cpu_rng"])
         if device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
-    except (KeyError, RuntimeError, TypeError) as exc:
+        return int(state["own_steps"])
+    except (KeyError, RuntimeError, TypeError, ValueError) as exc:
         raise ArtifactError(str(path), "cpu_rng", f"expected a random generator state ({exc})") from None
 
 

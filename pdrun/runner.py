@@ -186,6 +186,7 @@ def _checkpoint(
     replica: int,
     step: int,
     units: int,
+    own_steps: int,
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     device: torch.device,
@@ -197,7 +198,7 @@ def _checkpoint(
         files.append(
             checkpoint.save_stage(cfg.checkpoint_dir, step, s, module, optimizer, units, plan.graph_hash)
         )
-    files.append(checkpoint.save_rank(cfg.checkpoint_dir, step, env.rank, device))
+    files.append(checkpoint.save_rank(cfg.checkpoint_dir, step, env.rank, device, own_steps))
     fault = Fault.from_environ()
     if fault is not None:
         fault.at_checkpoint(env.rank, step)
@@ -295,9 +296,11 @@ def _train(
         ck = Path(cfg.resume_from)
         manifest = json.loads((ck / checkpoint.MANIFEST).read_text())
         checkpoint.load_stage(ck, s, stage.module, optimizer, device, plan.graph_hash)
-        base, worker.steps = int(manifest["units"]), int(manifest["step"])
+        base, resumed = int(manifest["units"]), int(manifest["step"])
+        # Last, after every random draw building the stage made: the generator continues where it stopped.
+        # A replica of a stage steps once per round of units: its own step count comes back with it.
+        worker.steps = checkpoint.load_rank(ck, env.rank, device)
         versions.latest = worker.steps
-        resumed = worker.steps
     total_steps = worker.steps + sum(segs.lengths) // segs.units_per_step
     worker.lr_at = lambda step: cfg.lr_at(step, total_steps)
     val_units = (
@@ -316,12 +319,10 @@ def _train(
 
     def save_checkpoint() -> None:
         assert cfg.checkpoint_dir is not None
-        _checkpoint(env, cfg, plan, s, replica, worker.steps, base, stage.module, optimizer, device)
-        written.append(worker.steps)
+        step = base // segs.units_per_step  # the run's step (a replica's own count can be lower)
+        _checkpoint(env, cfg, plan, s, replica, step, base, worker.steps, stage.module, optimizer, device)
+        written.append(step)
 
-    if cfg.resume_from is not None:
-        # Last, after every draw building the stage made: the generator continues where the run stopped.
-        checkpoint.load_rank(Path(cfg.resume_from), env.rank, device)
     try:
         for epoch, length in enumerate(segs.lengths):
             segment_end = base + length

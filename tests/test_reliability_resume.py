@@ -37,12 +37,13 @@ def build():
 M = 2  # microbatches per step
 
 
-def make_plan(tmp_path: Path, schedule: str) -> Path:
+def make_plan(tmp_path: Path, schedule: str, replicas: list[int] | None = None) -> Path:
     (tmp_path / "dropnet.py").write_text(DROPOUT_MODEL)
     spec = RunSpec(model=f"{tmp_path}/dropnet.py:build", data="zoo:digits")
     path = tmp_path / f"{schedule}.json"
     microbatches = 1 if schedule == "1f1b" else M
-    save_plan(cut_plan(spec, [3], batch_size=8, schedule=schedule, microbatches=microbatches), path)  # type: ignore[arg-type]
+    plan = cut_plan(spec, [3], batch_size=8, schedule=schedule, microbatches=microbatches, replicas=replicas)  # type: ignore[arg-type]
+    save_plan(plan, path)
     return path
 
 
@@ -165,8 +166,9 @@ def test_gpipe_killed_while_checkpointing_resumes_from_the_previous_checkpoint_e
 @pytest.mark.timeout(150)
 def test_1f1b_drains_at_each_checkpoint_and_resumes_like_the_run_that_was_not_stopped(tmp_path: Path) -> None:
     # 1f1b drains its pipeline at a checkpoint, so stashed weight versions never need saving; a run
-    # that resumes then equals one that ran through with the same --checkpoint-every.
-    plan = make_plan(tmp_path, "1f1b")
+    # that resumes then equals one that ran through with the same --checkpoint-every. Stage 0 (with
+    # dropout) has two replicas, each stepping once per two units and drawing its own dropout masks.
+    plan = make_plan(tmp_path, "1f1b", replicas=[2, 1])
     opts = ["--checkpoint-every", "2", "--lr", "0.05"]
     train(
         plan,
