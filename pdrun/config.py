@@ -46,6 +46,7 @@ class RunConfig:
     # Testing only: keep per-unit version records and the final parameters in each worker's result.
     record: bool = False
     progress: bool = False  # rich progress bar on stderr (rank 0 of the last stage)
+    launcher_pid: int | None = None  # set by the launcher: workers stop when this process is gone
 
     def lr_at(self, step: int, total: int) -> float:
         """The learning rate of optimizer step ``step`` out of ``total``."""

@@ -97,6 +97,7 @@ def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
 
 
 def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[WorkerResult] | None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -127,9 +128,15 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
         _preload_forkserver()
     with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher():
         try:
-            out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), cfg, errdir)
+            run = replace(cfg, launcher_pid=os.getpid())
+            out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), run, errdir)
         except ChildFailedError as exc:
             raise _first_failure(Path(errdir), exc) from None
+        except SignalException as exc:
+            # pdrun was told to stop (Ctrl-C, a scheduler's SIGTERM): the launcher has stopped the workers.
+            if exc.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from None
+            raise Stopped(exc.sigval) from None
     result = out.get(0)
     return list(result) if result is not None else None
 
@@ -142,13 +149,27 @@ def _preload_forkserver() -> None:
     multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", "pdrun.runner"])
 
 
+class Stopped(RunError):
+    """pdrun ended by a signal; its exit status is the shell's for that signal (143 for SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {_signal_name(signum)}; every worker was stopped")
+
+
 @contextmanager
 def _quiet_launcher() -> Iterator[None]:
     """The launcher logs each failure as a traceback; we report it as one line (tracebacks under --debug)."""
     if os.environ.get("PIPEDREAM_DEBUG") == "1":
         yield
         return
-    loggers = [logging.getLogger(name) for name in _LAUNCHER_LOGGERS]
+    # Their child loggers too: torch gives some of them a level of their own.
+    names = [
+        name
+        for name in list(logging.root.manager.loggerDict)
+        if any(name == p or name.startswith(p + ".") for p in _LAUNCHER_LOGGERS)
+    ]
+    loggers = [logging.getLogger(name) for name in {*_LAUNCHER_LOGGERS, *names}]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
@@ -195,8 +216,12 @@ def _death(failure: Any) -> str:
     """How a process ended: "signal SIGKILL" or "exit code 3"."""
     code = getattr(failure, "exitcode", None)
     if isinstance(code, int) and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
+        return f"signal {_signal_name(-code)}"
     return f"exit code {code if code is not None else '?'}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)

@@ -28,6 +28,7 @@ from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
 from pdrun.faults import Fault
+from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
 from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of
@@ -431,6 +432,8 @@ class _Progress:
 def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[WorkerResult] | None:
     """The launcher's entrypoint on every rank; a failure is written to ``errdir`` before it propagates."""
     env = DistEnv.from_environ()
+    if cfg.launcher_pid is not None:
+        die_with(cfg.launcher_pid)
     try:
         plan = Plan.model_validate_json(plan_json)
         return train(env, plan, replace(cfg), errdir)

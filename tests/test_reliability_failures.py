@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -108,7 +109,6 @@ def plan3(tmp_path: Path) -> Path:
     [
         ("raise:1:9", "worker rank 1 failed: InjectedFault: injected fault at unit 9"),
         ("kill:2:9", "worker rank 2 died (signal SIGKILL)"),
-        ("kill:0:9", "worker rank 0 died (signal SIGKILL)"),
     ],
 )
 def test_a_failed_worker_stops_the_run_within_30s_naming_its_rank_and_leaves_no_process(
@@ -144,6 +144,41 @@ def test_a_peer_that_never_sends_ends_the_run_after_timeout_naming_it(plan3: Pat
     ), line
     pids = [int(p.read_text()) for p in sorted((plan3.parent / "pids").glob("rank*.pid"))]
     assert len(pids) == 3 and [p for p in pids if alive(p)] == []  # the stalled rank too
+    assert marked_processes(mark) == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signals) -> None:
+    # SIGTERM (a scheduler, Ctrl-C is alike): pdrun stops its workers and says so. SIGKILL: pdrun
+    # cannot, so each worker notices its launcher is gone and stops itself (pdrun/orphan.py).
+    mark = uuid.uuid4().hex
+    pdrun = Path(sys.executable).parent / "pdrun"
+    proc = subprocess.Popen(
+        [str(pdrun), str(plan3), "--steps", "1000", "-q", "--no-val"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", MARK: mark},
+    )
+    pids_dir = plan3.parent / "pids"
+    deadline = time.monotonic() + 60
+    while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # training
+    assert proc.poll() is None, "pdrun ended before it was stopped"
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=30)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143
+        assert error_lines(stderr) == ["pdrun: error: stopped by SIGTERM; every worker was stopped"], stderr
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in sorted(pids_dir.glob("rank*.pid"))]
+    assert len(pids) == 3 and [p for p in pids if alive(p)] == []
     assert marked_processes(mark) == []
 
 
