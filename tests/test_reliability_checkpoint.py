@@ -13,10 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from torch import nn
 
 from pdrun import checkpoint
+from pdrun.cli import main
+from pdrun.plans import cut_plan
 from shared.errors import ArtifactError, UserError
+from shared.plan import save_plan
+from tests.test_run_flush import RESMLP
 
 HASH = "sha256:" + "ab" * 32
 
@@ -152,3 +157,15 @@ def test_random_state_round_trips(tmp_path: Path) -> None:
     torch.manual_seed(99)
     checkpoint.load_rank(tmp_path / "step-000001", 0, torch.device("cpu"))
     assert torch.equal(torch.rand(3), want)
+
+
+def test_resume_without_a_complete_checkpoint_is_one_line_before_any_worker_starts(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    save_plan(cut_plan(RESMLP, [6], batch_size=16), plan)
+    ck = tmp_path / "ck"
+    (ck / "step-000004").mkdir(parents=True)  # a crash before its manifest
+    res = CliRunner().invoke(main, [str(plan), "--steps", "2", "--resume", "--checkpoint-dir", str(ck)])
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        f"pdrun: error: --resume: no complete checkpoint in {ck} (step-000004: no manifest (interrupted while writing))"
+    ]
