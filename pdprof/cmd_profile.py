@@ -48,7 +48,7 @@ def _progress_bar() -> Iterator[Progress]:
               help="Keep every module this deep (1 = the model's direct children) as one layer.")
 @click.option("--leaf-module", "leaf_modules", multiple=True, metavar="NAME",
               help="Keep modules of this class (name or module.QualName) as single layers; repeatable.")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first.")
+@click.option("--warmup", default=4, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first.")
 @click.option("--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds (medians).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
 @click.option("--steady-malloc/--no-steady-malloc", default=True, show_default=True,

@@ -41,7 +41,9 @@ class ProfileConfig:
     spec: RunSpec
     batch_size: int
     device: str = "cpu"
-    warmup: int = 2
+    # Four untimed rounds: with two, the first profile of a process ran ~6% slow on ResNet-50
+    # (allocator growth, first-touch pages) and two runs disagreed by up to 30% on some layers.
+    warmup: int = 4
     repeats: int = 10
     threads: int = 1
     steady_malloc: bool = True  # fix glibc's malloc thresholds (pdprof.malloc) for repeatable CPU figures
