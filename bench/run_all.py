@@ -94,7 +94,9 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if value != value:  # NaN
             return "-"
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        if value != 0 and abs(value) < 0.01:
+            return f"{value:.2e}"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value).replace("|", "\\|")
 
 
