@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from pdplan.cmd_tools import check_cluster
-from pdplan.report import cluster_text, recost
+from pdplan.report import cluster_text, recost, search_text
 from shared.cli import console
 from shared.graph import load_graph
 from shared.io import display_name
@@ -98,8 +98,7 @@ def show(plan: str, graph_path: str | None) -> None:
         console.print(
             f"predicted: {_ms(pr.time_per_minibatch_s)} ms per minibatch (bottleneck stage {pr.bottleneck_stage}), "
             f"data parallelism {_ms(pr.data_parallel_time_per_minibatch_s)} ms: [bold]speedup over data parallelism "
-            f"{speed}[/]"
-            + (f"; {pr.states} {pr.search or ''} states in {pr.solve_s:.2f} s" if pr.states else "")
+            f"{speed}[/]" + (f"; {search_text(pr)}" if pr.states else "")
         )
     if recosted is not None:
         bottleneck, dp_time = recosted

@@ -6,7 +6,7 @@ from pdplan.costs import StageCost, data_parallel_time, stage_costs
 from pdplan.problem import prepare
 from shared.errors import PlanError
 from shared.graph import LayerGraph
-from shared.plan import Cluster, Plan
+from shared.plan import Cluster, Plan, Prediction
 
 
 def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float]:
@@ -35,6 +35,15 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
     total_c = sum(problem.compute_s)
     total_p = sum(problem.parameter_bytes)
     return costs, bottleneck, data_parallel_time(total_c, total_p, cluster.levels)
+
+
+def search_text(pred: Prediction) -> str:
+    """What the DP searched: ``920 prefix states of 163,798,401,193 antichain states in 2.00 s``."""
+    text = " ".join(str(part) for part in (pred.states, pred.search, "states") if part is not None)
+    total = pred.antichain_states
+    if total is not None and total != pred.states:
+        text += f" of {total:,} antichain states"
+    return text + (f" in {pred.solve_s:.2f} s" if pred.solve_s is not None else "")
 
 
 def cluster_text(cluster: Cluster | None) -> str:

@@ -86,6 +86,12 @@ class Prediction(Strict):
         default=None, description="states searched: antichain (all), compressed, prefix or coarse-prefix"
     )
     solve_s: float | None = Field(default=None, ge=0, description="planner wall time")
+    antichain_states: int | None = Field(
+        default=None,
+        ge=0,
+        description="states of PipeDream's antichain DAG of the graph, counted exactly (the search may cover "
+        "fewer: see search); null when not counted",
+    )
 
 
 class Plan(Strict):

@@ -7,7 +7,11 @@ of nodes that keeps the connected downsets containing the first source, with net
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -17,7 +21,7 @@ from hypothesis import strategies as st
 
 from pdplan.antichain import enumerate_downsets
 from pdplan.problem import Problem, prepare
-from pdplan.statecount import count_states, frontier_order
+from pdplan.statecount import TooWide, count_states, frontier_order, pipedream_states
 from pdprof.pipedream_import import parse_pipedream
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,3 +168,35 @@ def test_nasnet_counts(profiles_dir: Path, name: str) -> None:
     counted = count_states(problem)
     assert counted.states == NASNET[name]
     assert counted.frontier <= 16  # the greedy order keeps NASNet's cells narrow
+
+
+def test_counting_stops_past_its_budget() -> None:
+    # 12 parallel chains of 3 between a fork and a join: 4^12 + 1 states, a frontier of 12.
+    edges = {(0, 1 + 3 * c) for c in range(12)} | {
+        (1 + 3 * c + i, 2 + 3 * c + i) for c in range(12) for i in range(2)
+    }
+    edges |= {(3 + 3 * c, 37) for c in range(12)}
+    problem = _problem(38, edges)
+    assert count_states(problem).states == 4**12 + 1
+    assert pipedream_states(problem) == 4**12 + 1
+    assert pipedream_states(problem, max_work=1000) is None
+    with pytest.raises(TooWide, match="past 1000 key updates"):
+        count_states(problem, max_work=1000)
+
+
+def test_pdplan_reports_the_count_beside_its_search(profiles_dir: Path, tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    graph, plan = tmp_path / "nasnet.json", tmp_path / "plan.json"
+    steps = [
+        [bin_dir / "pdprof", "import-pipedream", profiles_dir / "nasnetamobile.txt", "-o", graph],
+        [bin_dir / "pdplan", graph, "--workers", "16", "--bandwidth", "1e9", "-o", plan],
+        [bin_dir / "pdplan", "show", plan],
+    ]
+    done = [subprocess.run(step, capture_output=True, env=env, timeout=300, text=True) for step in steps]
+    assert all(d.returncode == 0 for d in done), [d.stderr for d in done]
+    predicted = json.loads(plan.read_text())["predicted"]
+    assert predicted["antichain_states"] == NASNET["nasnetamobile"]
+    searched = f"{predicted['states']} {predicted['search']} states of 163,798,401,193 antichain states"
+    assert searched in done[1].stderr
+    assert searched in done[2].stdout + done[2].stderr
