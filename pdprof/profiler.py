@@ -21,11 +21,11 @@ from torch import nn
 
 from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
-from pdprof.malloc import malloc_is_steady, steady_malloc
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
+from shared.malloc import malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
 from shared.tracer import TracedModel, parameter_bytes, trace
@@ -46,7 +46,7 @@ class ProfileConfig:
     warmup: int = 4
     repeats: int = 10
     threads: int = 1
-    steady_malloc: bool = True  # fix glibc's malloc thresholds (pdprof.malloc) for repeatable CPU figures
+    steady_malloc: bool = True  # fix glibc's malloc thresholds (shared.malloc) for repeatable CPU figures
 
 
 @dataclass
