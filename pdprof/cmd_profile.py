@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pdprof.profiler import ProfileConfig, ProfileResult, profile_spec
 from pdprof.report import summary_line
+from pdprof.update import OptimizerName
 from shared.cli import console, parse_kv
 from shared.graph import graph_json
 from shared.io import write_output
@@ -53,6 +54,9 @@ def _progress_bar() -> Iterator[Progress]:
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
 @click.option("--steady-malloc/--no-steady-malloc", default=True, show_default=True,
               help="CPU: fix glibc malloc's mmap/trim thresholds so figures repeat from run to run.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True,
+              help="The optimizer whose step is timed per layer (update_ms): the one pdrun will run.")
+@click.option("--momentum", default=0.0, show_default=True, type=click.FloatRange(min=0), help="SGD momentum, as pdrun's --momentum.")
 @click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
 @click.option("--table", "table", default=None, metavar="FILE", help="Write the raw samples here (Parquet).")
 def profile(
@@ -69,6 +73,8 @@ def profile(
     repeats: int,
     threads: int,
     steady_malloc: bool,
+    optimizer: OptimizerName,
+    momentum: float,
     out: str | None,
     table: str | None,
 ) -> None:
@@ -89,7 +95,7 @@ def profile(
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     )
-    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads, steady_malloc)
+    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads, steady_malloc, optimizer, momentum)
     with _progress_bar() as bar:
         task = bar.add_task("loading", total=None)
 

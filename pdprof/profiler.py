@@ -23,6 +23,7 @@ from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
+from pdprof.update import OptimizerName, UpdateTimer, describe
 from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
 from shared.malloc import malloc_is_steady, steady_malloc
@@ -47,6 +48,8 @@ class ProfileConfig:
     repeats: int = 10
     threads: int = 1
     steady_malloc: bool = True  # fix glibc's malloc thresholds (shared.malloc) for repeatable CPU figures
+    optimizer: OptimizerName = "sgd"  # the optimizer whose step is timed per layer (as pdrun will run it)
+    momentum: float = 0.0
 
 
 @dataclass
@@ -113,6 +116,9 @@ def profile_model(
         rounds = config.warmup + config.repeats
         steps: list[float] = []
         samples: list[StepTimes] = []
+        updater = UpdateTimer(traced, config.optimizer, config.momentum, clock)
+        updates: list[dict[str, float]] = []
+        overheads: list[float] = []
         pair: list[Callable[[], Any]] = [
             lambda: whole_step(model, inputs, target, loss_fn, clock),
             lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
@@ -122,13 +128,17 @@ def profile_model(
             results: dict[int, Any] = {}
             for k in ((0, 1) if r % 2 == 0 else (1, 0)):
                 results[k] = pair[k]()
+                if k == 1:
+                    results[2] = updater.time()  # the profiled step's gradients are still set
                 model.zero_grad(set_to_none=True)
             if r >= config.warmup:
                 steps.append(results[0])
                 samples.append(results[1])
+                updates.append(results[2][0])
+                overheads.append(results[2][1])
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
-        return _assemble(traced, sizes, steps, samples, inputs, config, device, clock, steady)
+        return _assemble(traced, sizes, steps, samples, (updates, overheads), inputs, config, device, clock, steady)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -186,6 +196,7 @@ def _assemble(
     sizes: dict[str, LayerSize],
     steps: list[float],
     samples: list[StepTimes],
+    update_samples: tuple[list[dict[str, float]], list[float]],
     inputs: tuple[Any, ...],
     config: ProfileConfig,
     device: torch.device,
@@ -194,6 +205,7 @@ def _assemble(
 ) -> ProfileResult:
     rows: list[dict[str, Any]] = []
     nodes: list[Node] = []
+    updates, overheads = update_samples
     for layer in traced.layers:
         size = sizes[layer.name]
         medians: dict[str, float] = {}
@@ -201,6 +213,10 @@ def _assemble(
             values = [0.0 if layer.op == "input" else s.of(phase).get(layer.name, 0.0) for s in samples]
             rows += [{"layer": layer.name, "phase": phase, "repeat": i, "ms": v} for i, v in enumerate(values)]
             medians[phase] = _median(values)
+        if layer.name in updates[0]:
+            values = [u[layer.name] for u in updates]
+            rows += [{"layer": layer.name, "phase": "update", "repeat": i, "ms": v} for i, v in enumerate(values)]
+        medians["update"] = _median([u.get(layer.name, 0.0) for u in updates])
         nodes.append(
             Node(
                 id=layer.name,
@@ -208,6 +224,7 @@ def _assemble(
                 target=layer.target,
                 forward_ms=medians["forward"],
                 backward_ms=medians["backward"],
+                update_ms=medians["update"],
                 activation_bytes=size.activation_bytes,
                 activation_parts=[float(p) for p in size.activation_parts] if size.activation_parts else None,
                 parameter_bytes=parameter_bytes(traced, layer),
@@ -236,6 +253,8 @@ def _assemble(
         "loss_forward_ms": _median([s.loss_forward for s in samples]),
         "loss_backward_ms": _median([s.loss_backward for s in samples]),
         "unattributed_backward_ms": _median([s.unattributed_backward for s in samples]),
+        "update": describe(config.optimizer, config.momentum),
+        "update_overhead_ms": _median(overheads) if updates and updates[0] else 0.0,
         "host": platform.node(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
     }

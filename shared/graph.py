@@ -33,6 +33,9 @@ class Node(Strict):
     target: str = Field(default="", description="module path, function name or PipeDream description")
     forward_ms: float = Field(ge=0, allow_inf_nan=False)
     backward_ms: float = Field(ge=0, allow_inf_nan=False)
+    update_ms: float = Field(
+        default=0, ge=0, allow_inf_nan=False, description="the optimizer step over the layer's parameters"
+    )
     activation_bytes: float = Field(ge=0, allow_inf_nan=False, description="bytes of the layer's output")
     activation_parts: list[float] | None = Field(
         default=None, description="bytes of each output when the layer returns several tensors"

@@ -74,10 +74,13 @@ def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, t
 
     # The table holds every sample; the graph's figures are their medians.
     df, meta = load_table(table, PROFILE_TABLE)
-    assert len(df) == len(graph.nodes) * 2 * 3
+    with_params = [n for n in graph.nodes if n.parameter_bytes > 0]
+    assert len(df) == (len(graph.nodes) * 2 + len(with_params)) * 3  # forward, backward; update where weights
     medians = df.groupby(["layer", "phase"])["ms"].median()
     for n in graph.nodes:
         assert medians[(n.id, "forward")] == pytest.approx(n.forward_ms)
+        if n.parameter_bytes > 0:
+            assert medians[(n.id, "update")] == pytest.approx(n.update_ms)
         assert medians[(n.id, "backward")] == pytest.approx(n.backward_ms)
     assert meta["graph_hash"] == graph.structure_hash() and meta["batch_size"] == 16
     assert len(meta["step_ms"]) == 3

@@ -1,0 +1,49 @@
+"""pdprof times each layer's optimizer step (update_ms), without moving the weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pdprof.profiler import ProfileConfig, profile_model
+from shared.resolve import cross_entropy
+from shared.spec import RunSpec
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    # A wide layer and a narrow one: the wide one's step must cost more.
+    return nn.Sequential(nn.Linear(32, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def _profile(model: nn.Module, **kwargs: object) -> dict[str, float]:
+    x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
+    config = ProfileConfig(RunSpec(model="test"), 64, warmup=1, repeats=5, **kwargs)  # type: ignore[arg-type]
+    result = profile_model(model, (x,), y, cross_entropy, config)
+    assert set(result.table["phase"]) == {"forward", "backward", "update"}
+    assert result.graph.graph["update_overhead_ms"] >= 0
+    return {n.id: n.update_ms for n in result.graph.nodes}
+
+
+@pytest.mark.parametrize(("optimizer", "momentum", "described"), [("sgd", 0.9, "sgd, momentum 0.9"), ("adam", 0.0, "adam")])
+def test_update_is_timed_on_layers_with_parameters_only(optimizer: str, momentum: float, described: str) -> None:
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
+    config = ProfileConfig(RunSpec(model="test"), 64, warmup=1, repeats=5, optimizer=optimizer, momentum=momentum)  # type: ignore[arg-type]
+    result = profile_model(model, (x,), y, cross_entropy, config)
+    update = {n.id: n.update_ms for n in result.graph.nodes}
+    params = {n.id for n in result.graph.nodes if n.parameter_bytes > 0}
+    assert params and all(update[name] > 0 for name in params)
+    assert all(update[name] == 0 for name in update if name not in params)
+    assert result.graph.graph["update"] == described
+    # The learning rate is zero: profiling leaves the weights as they were.
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_bigger_layer_costs_more_to_update() -> None:
+    update = _profile(_model(), optimizer="sgd", momentum=0.9)
+    # Layer _2 (1024x512) holds 16x the weights of _0 (32x1024) and 100x those of _4 (512x10).
+    assert update["_2"] > update["_0"] and update["_2"] > update["_4"]
