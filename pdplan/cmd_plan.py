@@ -6,7 +6,7 @@ import click
 
 from pdplan.build import COST_MODELS, PlanConfig, make_plan
 from pdplan.problem import prepare
-from pdplan.report import search_text
+from pdplan.report import search_text, simulated_text, with_simulation
 from pdplan.statecount import pipedream_states
 from shared.cli import console
 from shared.graph import LayerGraph, load_graph
@@ -115,7 +115,7 @@ def plan(
         max_states=max_states,
     )
     g = load_graph(graph)
-    p = _with_state_count(make_plan(g, config), g)
+    p = with_simulation(_with_state_count(make_plan(g, config), g), g)
     write_output(plan_json(p), out)
     pred = p.predicted
     assert pred is not None
@@ -125,6 +125,7 @@ def plan(
         f"[bold]pdplan[/]: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
         f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; "
         + search_text(pred)
+        + simulated_text(pred, "; ")
         + (f" -> {out}" if out else "")
     )
 

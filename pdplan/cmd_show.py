@@ -6,7 +6,8 @@ import click
 from rich.table import Table
 
 from pdplan.cmd_tools import check_cluster
-from pdplan.report import cluster_text, recost, search_text
+from pdplan.report import cluster_text, recost, search_text, simulated_text
+from pdplan.schedule_sim import simulate_plan
 from shared.cli import console
 from shared.graph import load_graph
 from shared.io import display_name
@@ -56,7 +57,7 @@ def show(plan: str, graph_path: str | None) -> None:
         check_against_graph(p, g, display_name(plan))
         check_cluster(p, display_name(plan))
         costs, bottleneck, dp_time = recost(p, g)
-        recosted = (bottleneck, dp_time)
+        recosted = (bottleneck, dp_time, simulate_plan(g, p).time_per_minibatch_s)
     table = Table(
         title=f"{display_name(plan)}: {p.schedule}, {len(p.stages)} stages on {p.world_size} ranks "
         f"({cluster_text(p.cluster)}), {p.in_flight} in flight, M={p.microbatches}"
@@ -98,14 +99,15 @@ def show(plan: str, graph_path: str | None) -> None:
         console.print(
             f"predicted: {_ms(pr.time_per_minibatch_s)} ms per minibatch (bottleneck stage {pr.bottleneck_stage}), "
             f"data parallelism {_ms(pr.data_parallel_time_per_minibatch_s)} ms: [bold]speedup over data parallelism "
-            f"{speed}[/]" + (f"; {search_text(pr)}" if pr.states else "")
+            f"{speed}[/]" + (f"; {search_text(pr)}" if pr.states else "") + simulated_text(pr, "; ")
         )
     if recosted is not None:
-        bottleneck, dp_time = recosted
+        bottleneck, dp_time, simulated = recosted
         speed = f"{dp_time / bottleneck:.2f}x" if bottleneck > 0 else "n/a"
         console.print(
             f"re-costed from {display_name(graph_path or '')}: {_ms(bottleneck)} ms per minibatch, data parallelism "
-            f"{_ms(dp_time)} ms: [bold]speedup over data parallelism {speed}[/]"
+            f"{_ms(dp_time)} ms: [bold]speedup over data parallelism {speed}[/]; schedule simulated: "
+            f"{_ms(simulated)} ms/minibatch"
         )
 
 

@@ -92,6 +92,13 @@ class Prediction(Strict):
         description="states of PipeDream's antichain DAG of the graph, counted exactly (the search may cover "
         "fewer: see search); null when not counted",
     )
+    simulated_time_per_minibatch_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="the plan's schedule simulated with the profiled costs, optimizer steps, loss and transfers: "
+        "the steady-state time per minibatch pdrun should measure",
+    )
+    simulated_bubble: float | None = Field(default=None, ge=0, le=1, description="idle share of the workers, simulated")
 
 
 class Plan(Strict):

@@ -1,0 +1,123 @@
+"""What pdrun should measure for a plan: its schedule simulated with the profiled costs.
+
+PipeDream's cost model (``pdplan.costs``) gives the bottleneck stage's time per minibatch,
+the figure the DP minimises and the paper reports. It leaves out what a real run pays
+besides: the optimizer step of every stage (once per unit in ``1f1b``), the loss at the
+last stage, the pipeline's fill, drain and flush bubbles, and the time a message spends on
+the wire before the next stage can start (PipeDream overlaps transfers with compute, but a
+stage still waits for its input). Here the plan's own schedule is lowered to the same
+instruction lists pdrun executes (``shared.schedule.build_program``) and run against a clock
+(``shared.simulate``) with, per stage:
+
+- forward and backward: the sums of its layers' ``forward_ms`` and ``backward_ms``, plus the
+  loss's (``graph.loss_forward_ms``, ``graph.loss_backward_ms``, ``unattributed_backward_ms``)
+  at the last stage;
+- step: the sum of its layers' ``update_ms`` plus ``graph.update_overhead_ms`` (the first step
+  after a backward costs more), when the stage has parameters;
+- all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` at the bandwidth its ranks span;
+- a message between stages a and b: the bytes of the values a sends b (each value once, as
+  pdrun sends a skip connection straight to its consumer) over the bandwidth the two stages'
+  ranks span, in both directions (activations forward, gradients back).
+
+The steady-state seconds per unit of that simulation is the plan's
+``simulated_time_per_minibatch_s``; imported PipeDream profiles have no update or loss
+times, so for them it adds only the schedule's bubbles and transfer waits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pdplan.costs import span_bandwidth
+from shared.graph import LayerGraph
+from shared.plan import Plan
+from shared.schedule import build_program
+from shared.simulate import Costs, simulate
+
+# Units simulated: enough steps that the quartile window of shared.simulate is steady state.
+MIN_STEPS = 16
+MAX_UNITS = 4096
+
+
+@dataclass(frozen=True)
+class ScheduleFigures:
+    """The simulated run: seconds per unit in steady state and the idle share of the workers."""
+
+    time_per_minibatch_s: float
+    bubble: float
+    units: int
+
+
+def _extra_ms(graph: LayerGraph, key: str) -> float:
+    value = graph.graph.get(key, 0.0)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else 0.0
+
+
+def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, int]]]:
+    """The simulator's costs for ``plan``'s stages, and the stage edges values cross."""
+    assert plan.cluster is not None
+    levels = plan.cluster.levels
+    nodes = {n.id: n for n in graph.nodes}
+    owner = {layer: s for s, stage in enumerate(plan.stages) for layer in stage.layers}
+    last = len(plan.stages) - 1
+    forward = [0.0] * len(plan.stages)
+    backward = [0.0] * len(plan.stages)
+    update = [0.0] * len(plan.stages)
+    for layer, s in owner.items():
+        node = nodes.get(layer)
+        if node is None:
+            continue
+        forward[s] += node.forward_ms / 1000
+        backward[s] += node.backward_ms / 1000
+        update[s] += node.update_ms / 1000
+    forward[last] += _extra_ms(graph, "loss_forward_ms") / 1000
+    backward[last] += (_extra_ms(graph, "loss_backward_ms") + _extra_ms(graph, "unattributed_backward_ms")) / 1000
+    overhead = _extra_ms(graph, "update_overhead_ms") / 1000
+    step = [u + overhead if u > 0 else 0.0 for u in update]
+
+    # Bytes from stage a to stage b: each value once per consumer stage. A model input read by a
+    # later stage comes from that stage's own batch, as in pdrun, not over the wire.
+    sent: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for edge in graph.edges:
+        a, b = owner.get(edge.source), owner.get(edge.target)
+        if a is not None and b is not None and a < b and nodes[edge.source].op != "input":
+            sent[(a, b)].add(edge.source)
+    transfer: dict[tuple[int, int], float] = {}
+    for (a, b), values in sent.items():
+        size = sum(nodes[v].activation_bytes for v in values)
+        bandwidth = span_bandwidth(levels, [*plan.stages[a].ranks, *plan.stages[b].ranks])
+        transfer[(a, b)] = size / bandwidth
+    allreduce = []
+    for stage in plan.stages:
+        r = stage.replicas
+        p = sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes)
+        allreduce.append(4 * (r - 1) * p / (span_bandwidth(levels, stage.ranks) * r) if r > 1 else 0.0)
+    costs = Costs(forward=forward, backward=backward, transfer=transfer, allreduce=allreduce, step=step)
+    return costs, sorted(transfer)
+
+
+def _units(plan: Plan) -> int:
+    replicas = [s.replicas for s in plan.stages]
+    period = math.lcm(*replicas, plan.microbatches)
+    per_step = plan.microbatches if plan.schedule != "1f1b" else 1
+    wanted = max(MIN_STEPS * per_step, 4 * len(plan.stages) * max(replicas), 4 * plan.in_flight)
+    units = -(-wanted // period) * period
+    return min(units, max(period, MAX_UNITS // period * period))
+
+
+def simulate_plan(graph: LayerGraph, plan: Plan) -> ScheduleFigures:
+    """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster)."""
+    costs, stage_edges = stage_costs(graph, plan)
+    units = _units(plan)
+    program = build_program(
+        plan.schedule,
+        [s.replicas for s in plan.stages],
+        units,
+        microbatches=plan.microbatches,
+        stage_edges=stage_edges,
+        in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+    )
+    run = simulate(program, costs)
+    return ScheduleFigures(time_per_minibatch_s=run.time_per_unit, bubble=run.bubble, units=units)

@@ -1,0 +1,107 @@
+"""pdplan's schedule simulation: the plan's own schedule run against the profiled costs.
+
+Closed forms on uniform chains: one stage pays forward + loss + backward + optimizer step
+per unit; GPipe and 1F1B-flush take (M + S - 1)(F + B) per step of M units plus the
+transfers' latency on the way down and back up; asynchronous 1F1B on balanced stages
+reaches the bottleneck stage's time.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from click.testing import CliRunner
+
+from pdplan.build import PlanConfig, make_plan
+from pdplan.cli import main
+from pdplan.report import with_simulation
+from pdplan.schedule_sim import simulate_plan
+from shared.graph import Edge, LayerGraph, Node, save_graph
+from shared.plan import load_plan, save_plan
+
+FWD, BWD, UPD, OVERHEAD, LOSS_F, LOSS_B = 1.0, 2.0, 0.25, 0.1, 0.05, 0.15  # milliseconds
+ACT = 1e6  # bytes each layer outputs
+
+
+def chain(layers: int, extras: bool = True) -> LayerGraph:
+    nodes = [Node(id="x", op="input", forward_ms=0, backward_ms=0, activation_bytes=ACT, parameter_bytes=0)]
+    for i in range(layers):
+        nodes.append(
+            Node(id=f"l{i}", forward_ms=FWD, backward_ms=BWD, update_ms=UPD, activation_bytes=ACT, parameter_bytes=4e3)
+        )
+    ids = [n.id for n in nodes]
+    edges = [Edge(source=a, target=b, bytes=ACT) for a, b in itertools.pairwise(ids)]
+    graph = {"loss_forward_ms": LOSS_F, "loss_backward_ms": LOSS_B, "update_overhead_ms": OVERHEAD} if extras else {}
+    return LayerGraph(batch_size=8, nodes=nodes, edges=edges, graph=graph)
+
+
+def plan_for(graph: LayerGraph, workers: int, bandwidth: float, schedule: str = "1f1b", microbatches: int = 1):
+    config = PlanConfig(
+        workers=(workers,), bandwidths=(bandwidth,), straight=True, schedule=schedule, microbatches=microbatches  # type: ignore[arg-type]
+    )
+    return make_plan(graph, config)
+
+
+def test_one_stage_pays_forward_loss_backward_and_the_step() -> None:
+    g = chain(3)
+    sim = simulate_plan(g, plan_for(g, 1, 1e9))
+    expected = 3 * (FWD + BWD) + LOSS_F + LOSS_B + 3 * UPD + OVERHEAD
+    assert sim.time_per_minibatch_s * 1000 == pytest.approx(expected, rel=1e-9)
+    assert sim.bubble == pytest.approx(0.0, abs=1e-12)
+
+
+def test_imported_profiles_without_update_or_loss_cost_only_compute() -> None:
+    g = chain(3, extras=False)
+    g = g.model_copy(update={"nodes": [n.model_copy(update={"update_ms": 0.0}) for n in g.nodes]})
+    sim = simulate_plan(g, plan_for(g, 1, 1e9))
+    assert sim.time_per_minibatch_s * 1000 == pytest.approx(3 * (FWD + BWD), rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b-flush"])
+@pytest.mark.parametrize(("stages", "m"), [(2, 4), (4, 4), (3, 8)])
+def test_flush_schedules_take_the_fill_and_drain_formula(schedule: str, stages: int, m: int) -> None:
+    g = chain(stages, extras=False)
+    # GPipe: a transfer of ACT bytes takes 1 ms, no longer than a forward, so it only adds its latency
+    # down and back up. 1F1B-flush interleaves, so a latency also stalls its steady phase: free links.
+    bandwidth = 1e9 if schedule == "gpipe" else 1e12
+    p = plan_for(g, stages, bandwidth, schedule, m)
+    assert [len(s.layers) for s in p.stages][1:] == [1] * (stages - 1)
+    sim = simulate_plan(g, p)
+    transfer = ACT / bandwidth * 1000
+    step = (m + stages - 1) * (FWD + BWD) + 2 * (stages - 1) * transfer + UPD
+    # (1F1B-flush still waits out its nanosecond transfers a few more times.)
+    assert sim.time_per_minibatch_s * 1000 == pytest.approx(step / m, rel=1e-9 if schedule == "gpipe" else 1e-3)
+
+
+def test_async_1f1b_on_balanced_stages_reaches_the_bottleneck() -> None:
+    g = chain(4, extras=False)
+    p = plan_for(g, 4, 1e12)  # transfers cost nothing
+    sim = simulate_plan(g, p)
+    assert sim.time_per_minibatch_s * 1000 == pytest.approx(FWD + BWD + UPD, rel=1e-9)
+    assert p.predicted is not None and p.predicted.time_per_minibatch_s * 1000 == pytest.approx(FWD + BWD, rel=1e-9)
+
+
+def test_a_slower_link_can_only_cost_more() -> None:
+    g = chain(4, extras=False)
+    times = [simulate_plan(g, plan_for(g, 4, b)).time_per_minibatch_s for b in (1e12, 1e9, 1e8, 1e7)]
+    assert times == sorted(times) and times[-1] > 2 * times[0]
+
+
+def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = chain(4)
+    save_graph(g, tmp_path / "g.json")
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", str(tmp_path / "g.json"), "--workers", "2", "--bandwidth", "1e9", "--straight", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    p = load_plan(out)
+    assert p.predicted is not None and p.predicted.simulated_time_per_minibatch_s is not None
+    assert p.predicted.simulated_time_per_minibatch_s == pytest.approx(simulate_plan(g, p).time_per_minibatch_s)
+    assert "schedule simulated" in r.output
+    # A hand edit (all layers on stage 0's side but one) changes what show --graph recomputes.
+    edited = p.model_copy(update={"predicted": None})
+    assert with_simulation(edited, g).predicted is None
+    save_plan(p, tmp_path / "same.json")
+    shown = CliRunner().invoke(main, ["show", str(tmp_path / "same.json"), "--graph", str(tmp_path / "g.json")])
+    assert shown.exit_code == 0, shown.output
+    assert f"schedule simulated: {p.predicted.simulated_time_per_minibatch_s * 1000:.3f}" in shown.output
