@@ -57,6 +57,8 @@ def _progress_bar() -> Iterator[Progress]:
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True,
               help="The optimizer whose step is timed per layer (update_ms): the one pdrun will run.")
 @click.option("--momentum", default=0.0, show_default=True, type=click.FloatRange(min=0), help="SGD momentum, as pdrun's --momentum.")
+@click.option("--concurrent", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
+              help="CPU: profile beside N-1 sibling processes training the same model, as N workers on this host will run.")
 @click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
 @click.option("--table", "table", default=None, metavar="FILE", help="Write the raw samples here (Parquet).")
 def profile(
@@ -75,6 +77,7 @@ def profile(
     steady_malloc: bool,
     optimizer: OptimizerName,
     momentum: float,
+    concurrent: int,
     out: str | None,
     table: str | None,
 ) -> None:
@@ -95,7 +98,7 @@ def profile(
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     )
-    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads, steady_malloc, optimizer, momentum)
+    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads, steady_malloc, optimizer, momentum, concurrent)
     with _progress_bar() as bar:
         task = bar.add_task("loading", total=None)
 

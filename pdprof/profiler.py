@@ -18,9 +18,11 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
 from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
+from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from pdprof.update import OptimizerName, UpdateTimer, describe
@@ -50,6 +52,7 @@ class ProfileConfig:
     steady_malloc: bool = True  # fix glibc's malloc thresholds (shared.malloc) for repeatable CPU figures
     optimizer: OptimizerName = "sgd"  # the optimizer whose step is timed per layer (as pdrun will run it)
     momentum: float = 0.0
+    concurrent: int = 1  # CPU: profile beside concurrent-1 sibling trainers (pdprof.siblings)
 
 
 @dataclass
@@ -84,7 +87,21 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
     dataset = resolve_dataset(spec.data, spec.data_args)
     loss_fn = resolve_loss(spec.loss)
     inputs, target = first_batch(dataset, config.batch_size, device, spec.data)
-    return profile_model(model, inputs, target, loss_fn, config, progress)
+    if config.concurrent > 1 and device.type != "cpu":
+        raise UserError("--concurrent: only for CPU workers sharing a host; on a GPU each worker has its own device")
+    with siblings(spec, config.batch_size, config.concurrent - 1, config.threads):
+        return profile_model(model, inputs, target, loss_fn, config, progress, data_loader(dataset, config.batch_size))
+
+
+def data_loader(dataset: Any, batch_size: int) -> Callable[[], Any]:
+    """One batch as pdrun's workers fetch it: ``batch_size`` shuffled samples, collated."""
+    generator = torch.Generator().manual_seed(0)
+
+    def load() -> Any:
+        order = torch.randint(len(dataset), (batch_size,), generator=generator)
+        return default_collate([dataset[int(i)] for i in order])
+
+    return load
 
 
 def profile_model(
@@ -94,8 +111,13 @@ def profile_model(
     loss_fn: LossFn,
     config: ProfileConfig,
     progress: Progress | None = None,
+    load_batch: Callable[[], Any] | None = None,
 ) -> ProfileResult:
-    """Profile ``model`` on one batch (already on the device): ``model(*inputs)`` against ``target``."""
+    """Profile ``model`` on one batch (already on the device): ``model(*inputs)`` against ``target``.
+
+    ``load_batch``, when given, fetches a batch from the dataset as pdrun will; each round times it
+    (``graph.data_ms``), which the input stage and the last stage (for the targets) pay per unit.
+    """
     report = progress or (lambda phase, done, total: None)
     device = _device(config.device)
     previous_threads = torch.get_num_threads()
@@ -119,6 +141,7 @@ def profile_model(
         updater = UpdateTimer(traced, config.optimizer, config.momentum, clock)
         updates: list[dict[str, float]] = []
         overheads: list[float] = []
+        loads: list[float] = []
         pair: list[Callable[[], Any]] = [
             lambda: whole_step(model, inputs, target, loss_fn, clock),
             lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
@@ -136,9 +159,15 @@ def profile_model(
                 samples.append(results[1])
                 updates.append(results[2][0])
                 overheads.append(results[2][1])
+                if load_batch is not None:
+                    start = clock.mark()
+                    load_batch()
+                    end = clock.mark()
+                    clock.settle()
+                    loads.append(clock.ms(start, end))
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
-        return _assemble(traced, sizes, steps, samples, (updates, overheads), inputs, config, device, clock, steady)
+        return _assemble(traced, sizes, steps, samples, (updates, overheads, loads), inputs, config, device, clock, steady)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -196,7 +225,7 @@ def _assemble(
     sizes: dict[str, LayerSize],
     steps: list[float],
     samples: list[StepTimes],
-    update_samples: tuple[list[dict[str, float]], list[float]],
+    update_samples: tuple[list[dict[str, float]], list[float], list[float]],
     inputs: tuple[Any, ...],
     config: ProfileConfig,
     device: torch.device,
@@ -205,7 +234,7 @@ def _assemble(
 ) -> ProfileResult:
     rows: list[dict[str, Any]] = []
     nodes: list[Node] = []
-    updates, overheads = update_samples
+    updates, overheads, loads = update_samples
     for layer in traced.layers:
         size = sizes[layer.name]
         medians: dict[str, float] = {}
@@ -255,6 +284,8 @@ def _assemble(
         "unattributed_backward_ms": _median([s.unattributed_backward for s in samples]),
         "update": describe(config.optimizer, config.momentum),
         "update_overhead_ms": _median(overheads) if updates and updates[0] else 0.0,
+        "data_ms": _median(loads),
+        "concurrent": config.concurrent,
         "host": platform.node(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
     }

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from pdplan.build import PlanConfig, make_plan
 from pdplan.cli import main
 from pdplan.report import with_simulation
-from pdplan.schedule_sim import simulate_plan
+from pdplan.schedule_sim import simulate_plan, stage_costs
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import load_plan, save_plan
 
-FWD, BWD, UPD, OVERHEAD, LOSS_F, LOSS_B = 1.0, 2.0, 0.25, 0.1, 0.05, 0.15  # milliseconds
+FWD, BWD, UPD, OVERHEAD, LOSS_F, LOSS_B, DATA = 1.0, 2.0, 0.25, 0.1, 0.05, 0.15, 0.4  # milliseconds
 ACT = 1e6  # bytes each layer outputs
 
 
@@ -32,7 +32,11 @@ def chain(layers: int, extras: bool = True) -> LayerGraph:
         )
     ids = [n.id for n in nodes]
     edges = [Edge(source=a, target=b, bytes=ACT) for a, b in itertools.pairwise(ids)]
-    graph = {"loss_forward_ms": LOSS_F, "loss_backward_ms": LOSS_B, "update_overhead_ms": OVERHEAD} if extras else {}
+    graph = (
+        {"loss_forward_ms": LOSS_F, "loss_backward_ms": LOSS_B, "update_overhead_ms": OVERHEAD, "data_ms": DATA}
+        if extras
+        else {}
+    )
     return LayerGraph(batch_size=8, nodes=nodes, edges=edges, graph=graph)
 
 
@@ -43,10 +47,10 @@ def plan_for(graph: LayerGraph, workers: int, bandwidth: float, schedule: str = 
     return make_plan(graph, config)
 
 
-def test_one_stage_pays_forward_loss_backward_and_the_step() -> None:
+def test_one_stage_pays_data_forward_loss_backward_and_the_step() -> None:
     g = chain(3)
     sim = simulate_plan(g, plan_for(g, 1, 1e9))
-    expected = 3 * (FWD + BWD) + LOSS_F + LOSS_B + 3 * UPD + OVERHEAD
+    expected = DATA + 3 * (FWD + BWD) + LOSS_F + LOSS_B + 3 * UPD + OVERHEAD
     assert sim.time_per_minibatch_s * 1000 == pytest.approx(expected, rel=1e-9)
     assert sim.bubble == pytest.approx(0.0, abs=1e-12)
 
@@ -86,6 +90,15 @@ def test_a_slower_link_can_only_cost_more() -> None:
     g = chain(4, extras=False)
     times = [simulate_plan(g, plan_for(g, 4, b)).time_per_minibatch_s for b in (1e12, 1e9, 1e8, 1e7)]
     assert times == sorted(times) and times[-1] > 2 * times[0]
+
+
+def test_the_input_stage_and_the_last_both_fetch_the_batch() -> None:
+    g = chain(2)
+    p = plan_for(g, 2, 1e12)
+    costs, _ = stage_costs(g, p)
+    assert costs.forward[0] * 1000 == pytest.approx(DATA + FWD)
+    assert costs.forward[1] * 1000 == pytest.approx(DATA + FWD + LOSS_F)
+    assert costs.step[0] * 1000 == pytest.approx(UPD + OVERHEAD)
 
 
 def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -1,12 +1,18 @@
-"""pdprof times each layer's optimizer step (update_ms), without moving the weights."""
+"""What a run pays beside forward and backward: each layer's optimizer step (update_ms,
+without moving the weights), fetching a batch (data_ms), and neighbours (--concurrent)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from click.testing import CliRunner
 from torch import nn
 
+from pdprof.cli import main
 from pdprof.profiler import ProfileConfig, profile_model
+from shared.graph import load_graph
 from shared.resolve import cross_entropy
 from shared.spec import RunSpec
 
@@ -47,3 +53,27 @@ def test_a_bigger_layer_costs_more_to_update() -> None:
     update = _profile(_model(), optimizer="sgd", momentum=0.9)
     # Layer _2 (1024x512) holds 16x the weights of _0 (32x1024) and 100x those of _4 (512x10).
     assert update["_2"] > update["_0"] and update["_2"] > update["_4"]
+
+
+def test_data_loading_is_timed_and_siblings_run_and_stop() -> None:
+    import multiprocessing
+
+    from pdprof.profiler import profile_spec
+
+    spec = RunSpec(model="zoo:resmlp", model_args={"width": 64, "depth": 2}, data="zoo:digits")
+    config = ProfileConfig(spec, 32, warmup=1, repeats=3, concurrent=2)
+    result = profile_spec(config)
+    assert result.graph.graph["data_ms"] > 0
+    assert result.graph.graph["concurrent"] == 2
+    assert multiprocessing.active_children() == []  # the sibling was stopped and joined
+
+
+def test_concurrent_cli_option_reaches_the_graph(tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    r = CliRunner().invoke(
+        main,
+        ["--model", "zoo:resmlp", "--model-arg", "width=32", "--model-arg", "depth=1", "--data", "zoo:digits",
+         "--batch-size", "16", "--warmup", "0", "--repeats", "2", "--concurrent", "2", "-o", str(out)],
+    )
+    assert r.exit_code == 0, r.output
+    assert load_graph(out).graph["concurrent"] == 2
