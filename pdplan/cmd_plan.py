@@ -9,6 +9,7 @@ from pdplan.problem import prepare
 from pdplan.report import search_text, simulated_text, with_simulation
 from pdplan.statecount import pipedream_states
 from shared.cli import console
+from shared.errors import UserError
 from shared.graph import LayerGraph, load_graph
 from shared.io import display_name, write_output
 from shared.plan import SCHEDULES, Plan, plan_json
@@ -72,6 +73,13 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     "pipedream-compute (the paper's optimizer's default, transfers not charged).",
 )
 @click.option(
+    "--latency",
+    default=None,
+    metavar="S[,S2,...]",
+    help="Seconds per message at each level, innermost first (e.g. from `pdrun link`): the schedule "
+    "simulation adds it to every transfer; the DP, as the paper's, does not.",
+)
+@click.option(
     "--max-states",
     type=click.IntRange(min=2),
     default=500_000,
@@ -90,6 +98,7 @@ def plan(
     schedule: str,
     microbatches: int | None,
     cost_model: str,
+    latency: str | None,
     max_states: int,
     out: str | None,
 ) -> None:
@@ -114,8 +123,9 @@ def plan(
         cost_model=cost_model,
         max_states=max_states,
     )
+    latencies = _latencies(latency, len(config.workers))
     g = load_graph(graph)
-    p = with_simulation(_with_state_count(make_plan(g, config), g), g)
+    p = with_simulation(_with_latency(_with_state_count(make_plan(g, config), g), latencies), g)
     write_output(plan_json(p), out)
     pred = p.predicted
     assert pred is not None
@@ -128,6 +138,24 @@ def plan(
         + simulated_text(pred, "; ")
         + (f" -> {out}" if out else "")
     )
+
+
+def _latencies(text: str | None, levels: int) -> list[float]:
+    if text is None:
+        return [0.0] * levels
+    values = [float(v) for v in _numbers(text, "--latency", float)]
+    if len(values) != levels or any(not 0 <= v < float("inf") for v in values):
+        raise UserError(
+            f"--latency: expected {levels} finite number(s) of seconds >= 0, one per level like --workers, got {text!r}"
+        )
+    return values
+
+
+def _with_latency(p: Plan, latencies: list[float]) -> Plan:
+    if p.cluster is None or not any(latencies):
+        return p
+    levels = [lv.model_copy(update={"latency_s": s}) for lv, s in zip(p.cluster.levels, latencies, strict=True)]
+    return p.model_copy(update={"cluster": p.cluster.model_copy(update={"levels": levels})})
 
 
 def _with_state_count(p: Plan, graph: LayerGraph) -> Plan:

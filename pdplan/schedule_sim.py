@@ -18,7 +18,8 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
 - all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` at the bandwidth its ranks span;
 - a message between stages a and b: the bytes of the values a sends b (each value once, as
   pdrun sends a skip connection straight to its consumer) over the bandwidth the two stages'
-  ranks span, in both directions (activations forward, gradients back).
+  ranks span, plus that level's ``latency_s`` (``pdplan --latency``), in both directions
+  (activations forward, gradients back).
 
 The steady-state seconds per unit of that simulation is the plan's
 ``simulated_time_per_minibatch_s``; imported PipeDream profiles have no update or loss
@@ -29,11 +30,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdplan.costs import span_bandwidth
 from shared.graph import LayerGraph
-from shared.plan import Plan
+from shared.plan import Level, Plan
 from shared.schedule import build_program
 from shared.simulate import Costs, simulate
 
@@ -92,8 +94,8 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
     transfer: dict[tuple[int, int], float] = {}
     for (a, b), values in sent.items():
         size = sum(nodes[v].activation_bytes for v in values)
-        bandwidth = span_bandwidth(levels, [*plan.stages[a].ranks, *plan.stages[b].ranks])
-        transfer[(a, b)] = size / bandwidth
+        ranks = [*plan.stages[a].ranks, *plan.stages[b].ranks]
+        transfer[(a, b)] = size / span_bandwidth(levels, ranks) + span_latency(levels, ranks)
     allreduce = []
     for stage in plan.stages:
         r = stage.replicas
@@ -101,6 +103,17 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         allreduce.append(4 * (r - 1) * p / (span_bandwidth(levels, stage.ranks) * r) if r > 1 else 0.0)
     costs = Costs(forward=forward, backward=backward, transfer=transfer, allreduce=allreduce, step=step)
     return costs, sorted(transfer)
+
+
+def span_latency(levels: Sequence[Level], ranks: Sequence[int]) -> float:
+    """The latency of the outermost level ``ranks`` spread across (the innermost's if one rank)."""
+    unit = 1
+    latency = levels[0].latency_s
+    for level in levels:
+        if len({r // unit for r in ranks}) > 1:
+            latency = level.latency_s
+        unit *= level.workers
+    return latency
 
 
 def _units(plan: Plan) -> int:

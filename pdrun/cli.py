@@ -1,4 +1,4 @@
-"""pdrun's command line: run (the default) and schedule."""
+"""pdrun's command line: run (the default), schedule and link."""
 
 from __future__ import annotations
 
@@ -12,5 +12,6 @@ main = tool_group(
     lazy={
         "run": ("pdrun.cmd_run:run", "Train with a plan (the default command)."),
         "schedule": ("pdrun.cmd_schedule:schedule", "Draw a schedule's grid of instructions."),
+        "link": ("pdrun.cmd_link:link", "Measure bandwidth and latency between two workers on this machine."),
     },
 )

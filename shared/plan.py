@@ -31,6 +31,9 @@ class Level(Strict):
 
     workers: int = Field(ge=1)
     bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s between units of this level")
+    latency_s: float = Field(
+        default=0, ge=0, allow_inf_nan=False, description="seconds per message (the schedule simulation only)"
+    )
 
 
 class Cluster(Strict):

@@ -118,3 +118,22 @@ def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_p
     shown = CliRunner().invoke(main, ["show", str(tmp_path / "same.json"), "--graph", str(tmp_path / "g.json")])
     assert shown.exit_code == 0, shown.output
     assert f"schedule simulated: {p.predicted.simulated_time_per_minibatch_s * 1000:.3f}" in shown.output
+
+
+def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = chain(3, extras=False)
+    save_graph(g, tmp_path / "g.json")
+    out = tmp_path / "p.json"
+    args = ["plan", str(tmp_path / "g.json"), "--workers", "3", "--bandwidth", "1e9", "--straight",
+            "--schedule", "gpipe", "--microbatches", "4", "--latency", "2e-4", "-o", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    p = load_plan(out)
+    assert p.cluster is not None and p.cluster.levels[0].latency_s == 2e-4
+    transfer = ACT / 1e9 * 1000 + 0.2  # ms: bytes over bandwidth, plus the latency
+    step = (4 + 3 - 1) * (FWD + BWD) + 2 * (3 - 1) * transfer + UPD
+    assert p.predicted is not None and p.predicted.simulated_time_per_minibatch_s is not None
+    assert p.predicted.simulated_time_per_minibatch_s * 1000 == pytest.approx(step / 4, rel=1e-9)
+    for bad in ("1e-3,1e-3", "-1", "inf"):
+        r = CliRunner().invoke(main, [a for a in args[:-4]] + ["--latency", bad])
+        assert r.exit_code == 2 and "--latency" in r.output, (bad, r.output)

@@ -1,0 +1,96 @@
+"""Measuring the link between two workers, to plan with the bandwidth the run will see.
+
+The planner takes the bandwidth of each level as given; a wrong figure makes every
+prediction wrong (on this host two gloo processes on 127.0.0.1 move about 2.7 GB/s, not
+the 1 GB/s one might guess). ``pdrun link`` starts two processes on this machine, joins
+them with the backend pdrun uses, and times round trips of a small and a large message,
+with each receive posted before its message is sent (as pdrun's workers post theirs).
+Half a round trip is the one-way time of a size; the latency is the small message's
+one-way time and the bandwidth the large message's extra bytes over its extra time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import ProcessRaisedException, spawn
+
+from shared.errors import RunError
+
+SMALL = 8  # bytes: one float64, the latency probe
+
+
+@dataclass(frozen=True)
+class Link:
+    """One-way seconds per message size, and the latency and bandwidth they imply."""
+
+    sizes: tuple[int, ...]
+    one_way_s: tuple[float, ...]
+    latency_s: float
+    bandwidth: float  # bytes/s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _work(work: dist.Work | None) -> dist.Work:
+    if work is None:  # only when this rank is outside the group, which two ranks never are
+        raise RunError("pdrun link: the backend returned no work for a point-to-point message")
+    return work
+
+
+def _worker(rank: int, port: int, sizes: list[int], repeats: int, backend: str, out: dict[int, float]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    try:
+        peer = 1 - rank
+        for size in sizes:
+            buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
+            back = torch.empty_like(buf)
+            times = []
+            for i in range(repeats + 2):  # two warm-up round trips
+                if rank == 0:
+                    incoming = _work(dist.irecv(back, peer, tag=2))  # posted before the peer can answer
+                    start = time.perf_counter()
+                    _work(dist.isend(buf, peer, tag=1)).wait()
+                    incoming.wait()
+                    if i >= 2:
+                        times.append(time.perf_counter() - start)
+                else:
+                    _work(dist.irecv(back, peer, tag=1)).wait()
+                    _work(dist.isend(back, peer, tag=2)).wait()
+            if rank == 0:
+                out[size] = statistics.median(times) / 2
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(size: int = 4 << 20, repeats: int = 20, backend: str = "gloo") -> Link:
+    """Time two processes on this machine exchanging ``SMALL`` and ``size``-byte messages."""
+    if size <= SMALL:
+        raise RunError(f"--size: expected more than {SMALL} bytes, got {size}")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sizes = [SMALL, size]
+    with multiprocessing.get_context("spawn").Manager() as manager:
+        out = manager.dict()
+        try:
+            spawn(_worker, args=(_free_port(), sizes, repeats, backend, out), nprocs=2, join=True)  # type: ignore[no-untyped-call]
+        except ProcessRaisedException as exc:
+            raise RunError(f"pdrun link: a probe process failed: {str(exc).strip().splitlines()[-1]}") from None
+        times = tuple(float(out[s]) for s in sizes)
+    extra = times[1] - times[0]
+    bandwidth = (size - SMALL) / extra if extra > 0 else float("inf")
+    return Link(tuple(sizes), times, times[0], bandwidth)

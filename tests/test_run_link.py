@@ -1,0 +1,35 @@
+"""pdrun link: two real processes time round trips over gloo on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PDRUN = str(Path(sys.executable).parent / "pdrun")
+
+
+def test_link_reports_a_finite_bandwidth_and_latency_as_json() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [PDRUN, "link", "--size", "2000000", "--repeats", "5"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["sizes"] == [8, 2000000]
+    small, large = result["one_way_s"]
+    assert 0 < small < large < 1.0
+    assert result["latency_s"] == small
+    assert result["bandwidth_bytes_per_s"] == (2000000 - 8) / (large - small)
+    assert 1e6 < result["bandwidth_bytes_per_s"] < 1e12
+    assert "pdrun link" in proc.stderr
+
+
+def test_link_refuses_a_size_below_the_latency_probe() -> None:
+    proc = subprocess.run(
+        [PDRUN, "link", "--size", "4"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "--size" in proc.stderr
