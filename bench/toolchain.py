@@ -64,9 +64,10 @@ def profile(
     model_args: dict[str, Any] | None = None,
     data_args: dict[str, Any] | None = None,
     timeout_s: float = 300,
+    extra: list[str] | None = None,
 ) -> Call:
-    """``pdprof`` -> ``out`` (a layer graph)."""
-    cmd = [tool("pdprof"), "--model", model, "--data", data, "--batch-size", str(batch_size)]
+    """``pdprof`` -> ``out`` (a layer graph); ``extra``: more pdprof options."""
+    cmd = [tool("pdprof"), "--model", model, "--data", data, "--batch-size", str(batch_size), *(extra or [])]
     for k, v in (model_args or {}).items():
         cmd += ["--model-arg", f"{k}={v}"]
     for k, v in (data_args or {}).items():
@@ -83,13 +84,23 @@ def plan(
     microbatches: int = 1,
     straight: bool = False,
     timeout_s: float = 120,
+    latency: float | None = None,
 ) -> Call:
     """``pdplan`` -> ``out`` (a stage plan)."""
-    cmd = [tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:g}"]
+    cmd = [tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:.4g}"]
     cmd += ["--schedule", schedule, "--microbatches", str(microbatches)]
+    if latency is not None:
+        cmd += ["--latency", f"{latency:.3g}"]
     if straight:
         cmd.append("--straight")
     return call([*cmd, "-o", str(out)], timeout_s)
+
+
+def link(size: int = 1 << 20, timeout_s: float = 120) -> tuple[Call, float, float]:
+    """``pdrun link``: (the call, bandwidth in bytes/s, latency in seconds) between two local workers."""
+    done = call([tool("pdrun"), "link", "--size", str(size)], timeout_s)
+    result = json.loads(done.stdout)
+    return done, float(result["bandwidth_bytes_per_s"]), float(result["latency_s"])
 
 
 def pdrun(
