@@ -11,6 +11,7 @@ Device = Literal["cpu", "cuda"]
 Backend = Literal["gloo", "nccl"]
 Dtype = Literal["float32", "float64"]
 LrSchedule = Literal["constant", "cosine"]
+MemoryFormat = Literal["auto", "contiguous", "channels-last"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class RunConfig:
     resume: bool = False
     resume_from: str | None = None  # the verified checkpoint directory --resume starts from (set by launch)
     dtype: Dtype = "float32"
+    # 4-d activations channels-last (pdrun.layout); auto: float32 CNNs on CPU.
+    memory_format: MemoryFormat = "auto"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True
     # Testing only: keep per-unit version records and the final parameters in each worker's result.

@@ -12,7 +12,7 @@ import inspect
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import TensorDataset, default_collate
 
 from shared.errors import SpecError, UserError
 from shared.resolve import resolve_dataset
@@ -62,13 +62,24 @@ class Units:
         b = unit % self.per_epoch
         return min(self.batch_size, len(self.dataset) - b * self.batch_size)
 
-    def batch(self, unit: int) -> tuple[tuple[Any, ...], Any]:
-        """(model inputs as a tuple, target) of ``unit``."""
-        samples = [self.dataset[int(i)] for i in self.indices(unit)]
-        inputs, target = default_collate(samples)
-        if not isinstance(inputs, (tuple, list)):
-            inputs = (inputs,)
-        return tuple(inputs), target
+    def batch(self, unit: int, inputs: bool = True, target: bool = True) -> tuple[tuple[Any, ...], Any]:
+        """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None.
+
+        A ``TensorDataset`` of (inputs, targets) is indexed with the unit's indices in one
+        gather per tensor, and only for the parts asked for: the same tensors as collating
+        its samples one by one (a stack of the same rows), without 64 ``__getitem__`` calls
+        and without the images on a last stage that needs only the labels (py-spy, 2-stage
+        CNN: collating took ~15% of the first stage's compute and ~5% of the last's).
+        """
+        idx = self.indices(unit)
+        if type(self.dataset) is TensorDataset and len(self.dataset.tensors) == 2:
+            x, y = self.dataset.tensors
+            return ((x[idx],) if inputs else ()), (y[idx] if target else None)
+        samples = [self.dataset[int(i)] for i in idx]
+        got, labels = default_collate(samples)
+        if not isinstance(got, (tuple, list)):
+            got = (got,)
+        return (tuple(got) if inputs else ()), (labels if target else None)
 
 
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

@@ -28,10 +28,11 @@ from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
 from pdrun.faults import Fault
+from pdrun.layout import module_to_channels_last, use_channels_last
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
 from pdrun.stage import build_stage, sample_values
-from pdrun.values import ValueSpec, spec_of
+from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
 from shared.errors import PDError, RunError, UserError
@@ -251,9 +252,15 @@ def _train(
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {spec.data}")
     sample = to_device(units.batch(0)[0], torch.device("cpu"), dtype)
     specs = value_specs(plan, cfg, part, traced, tuple(sample))
+    # Every rank decides from the same model and options: both ends of a message agree on its layout.
+    channels_last = use_channels_last(cfg.memory_format, model, device, dtype)
+    if channels_last:
+        specs = {n: with_channels_last(v) for n, v in specs.items()}
     stage = build_stage(traced, part, s)
     del model, traced
     stage.module.to(device)
+    if channels_last:
+        module_to_channels_last(stage.module)
     # Groups are made by every rank in the same order, even those outside them.
     group = None
     for idx, st in enumerate(plan.stages):
@@ -294,6 +301,7 @@ def _train(
         record=cfg.record,
         recompute=plan.schedule == "1f1b" and not cfg.stash,
         trace=cfg.trace is not None,
+        channels_last=channels_last,
     )
     base = 0
     resumed: int | None = None

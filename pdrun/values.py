@@ -4,13 +4,14 @@ A value is what a layer produced: a tensor, a Python number, a ``torch.Size``, `
 tuple or list of those (``x.split(...)`` before its ``getitem``). One forward pass of a sample
 batch gives each value's *spec*; the spec fixes the tensors a message carries (its *leaves*,
 in order), so the receiver allocates buffers of known shape and rebuilds the value from them.
-Numbers and sizes travel as small int64/float64 tensors.
+Numbers and sizes travel as small int64/float64 tensors. A 4-d tensor of a channels-last run
+(``pdrun.layout``) travels as its contiguous NHWC permutation, so that neither end copies it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,10 +28,33 @@ class ValueSpec:
     dtype: torch.dtype = torch.int64
     requires_grad: bool = False  # for a tuple or list: any of its items
     items: tuple[ValueSpec, ...] = ()
+    channels_last: bool = False  # a 4-d tensor that travels and lives in NHWC order
 
     def empty(self, device: torch.device) -> torch.Tensor:
-        """A receive buffer for this leaf."""
+        """A receive buffer for this leaf, as it travels (contiguous; ``from_wire`` gives the value)."""
+        if self.channels_last:
+            n, c, h, w = self.shape
+            return torch.empty((n, h, w, c), dtype=self.dtype, device=device)
         return torch.empty(self.shape, dtype=self.dtype, device=device)
+
+    def to_wire(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor as it travels: a channels-last value as its NHWC permutation (a view, no copy)."""
+        if self.channels_last:
+            return t.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+        return t
+
+    def from_wire(self, t: torch.Tensor) -> torch.Tensor:
+        """The value of a received tensor: an NHWC buffer viewed back as NCHW with channels-last strides."""
+        return t.permute(0, 3, 1, 2) if self.channels_last else t
+
+
+def with_channels_last(spec: ValueSpec) -> ValueSpec:
+    """``spec`` with its 4-d floating tensors marked channels-last (a channels-last run)."""
+    if spec.kind in ("tuple", "list"):
+        return replace(spec, items=tuple(with_channels_last(i) for i in spec.items))
+    if spec.kind == "tensor" and len(spec.shape) == 4 and spec.dtype.is_floating_point:
+        return replace(spec, channels_last=True)
+    return spec
 
 
 def spec_of(value: Any) -> ValueSpec:
@@ -76,7 +100,7 @@ def encode(value: Any, spec: ValueSpec, device: torch.device) -> list[torch.Tens
     out: list[torch.Tensor] = []
     for v, s in zip(leaf_values(value, spec), leaves(spec), strict=True):
         if s.kind == "tensor":
-            out.append(v.detach())
+            out.append(s.to_wire(v.detach()))
         else:
             data = [v] if s.kind in _NUMBERS else list(v)
             out.append(torch.tensor(data, dtype=s.dtype, device=device))
@@ -92,7 +116,7 @@ def decode(tensors: Iterator[torch.Tensor], spec: ValueSpec) -> Any:
         return None
     t = next(tensors)
     if spec.kind == "tensor":
-        return t.requires_grad_(spec.requires_grad)
+        return spec.from_wire(t).requires_grad_(spec.requires_grad)
     if spec.kind == "int":
         return int(t.item())
     if spec.kind == "float":

@@ -20,6 +20,7 @@ from torch.func import functional_call
 from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
+from pdrun.layout import input_to_channels_last
 from pdrun.partition import Partition
 from pdrun.stage import StageModule
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
@@ -94,6 +95,7 @@ class Worker:
         recompute: bool = False,
         lr_at: Callable[[int], float] | None = None,
         trace: bool = False,
+        channels_last: bool = False,
     ) -> None:
         self.rank = rank
         self.stage = stage
@@ -116,6 +118,7 @@ class Worker:
         self.record = record
         self.lr_at = lr_at
         self.trace = trace  # keep one timeline event per instruction
+        self.channels_last = channels_last  # 4-d batch inputs go channels-last (pdrun.layout)
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         self.base = 0  # global index of the current program's unit 0
         self.fault = Fault.from_environ()  # testing: an injected failure
@@ -260,8 +263,9 @@ class Worker:
         for a, names in self.part.receives(self.s):
             out: list[torch.Tensor] = []
             for n in names:
-                for leaf in grad_leaves(state.received[n], self.specs[n]):
-                    out.append(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
+                spec = self.specs[n]
+                for leaf, ls in zip(grad_leaves(state.received[n], spec), grad_specs(spec), strict=True):
+                    out.append(ls.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)))
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
 
     def allreduce(self, ins: Instr) -> None:
@@ -329,7 +333,7 @@ class Worker:
         box = self.grads.setdefault(ins.unit, {})
         it = iter(got)
         for n in names:
-            gs = [next(it) for _ in grad_specs(self.specs[n])]
+            gs = [g.from_wire(next(it)) for g in grad_specs(self.specs[n])]
             # A value read by several later stages gets the sum of their gradients.
             box[n] = [a + g for a, g in zip(box[n], gs, strict=True)] if n in box else gs
 
@@ -350,10 +354,17 @@ class Worker:
         needs_input = bool(self.stage.batch_inputs)
         if not needs_input and not self.stage.has_output:
             return (), None
-        inputs, target = self.units.batch(self.base + u)
-        inputs = to_device(inputs, self.device, self.dtype) if needs_input else ()
+        inputs, target = self.units.batch(self.base + u, inputs=needs_input, target=self.stage.has_output)
+        inputs = self._inputs(inputs) if needs_input else ()
         target = to_device(target, self.device, self.dtype) if self.stage.has_output else None
         return tuple(inputs), target
+
+    def _inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Batch inputs on this worker's device, dtype and layout."""
+        moved = tuple(to_device(inputs, self.device, self.dtype))
+        if not self.channels_last:
+            return moved
+        return tuple(input_to_channels_last(v) if isinstance(v, torch.Tensor) else v for v in moved)
 
     def _close_step(self) -> None:
         now = time.perf_counter()
@@ -395,8 +406,10 @@ class Worker:
                     self._buffers(names), self.peers.of_unit(a, v), TAG_VAL, v, "validation activations"
                 )
                 received.update(self._unpack(names, got))
-            inputs, target = units.batch(v)
-            inputs = to_device(inputs, self.device, self.dtype) if self.stage.batch_inputs else ()
+            inputs, target = units.batch(
+                v, inputs=bool(self.stage.batch_inputs), target=self.stage.has_output
+            )
+            inputs = self._inputs(inputs) if self.stage.batch_inputs else ()
             with torch.no_grad():
                 sent, output = self.stage.run(tuple(inputs), received)
                 for b, names in self.part.consumers(self.s):

@@ -143,3 +143,44 @@ def test_flush_equals_sequential(
             assert all(0 < x < 10 for x in losses)
         else:
             assert all(x != x for x in losses)  # NaN
+
+
+CNN = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 4}, data="zoo:mnist5k")
+
+CNN_CASES = [
+    # schedule, cuts, dtype, memory format: a 4-d activation and its gradient cross every boundary but the last
+    ("1f1b-flush", ["conv2"], "float32", "auto"),  # auto: channels-last (a float32 CNN on CPU)
+    ("gpipe", ["relu1", "conv2"], "float64", "channels-last"),
+    ("1f1b-flush", ["conv2"], "float64", "contiguous"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("schedule", "cuts", "dtype", "memory_format"), CNN_CASES)
+def test_cnn_flush_equals_sequential_in_either_layout(
+    schedule: str, cuts: list[str], dtype: str, memory_format: str
+) -> None:
+    # Channels-last changes where activations sit in memory (and how they travel), not what they are.
+    batch, microbatches = 16, 4
+    plan = cut_plan(CNN, cuts, batch_size=batch, schedule=schedule, microbatches=microbatches)  # type: ignore[arg-type]
+    cfg = RunConfig(
+        steps=10,
+        seed=1,
+        dtype=cast(Dtype, dtype),
+        lr=0.1,
+        momentum=0.9,
+        record=True,
+        validate=False,
+        memory_format=memory_format,  # type: ignore[arg-type]
+    )
+    results = launch(plan, cfg)
+    assert results is not None and len(results) == len(cuts) + 1
+    torch_dtype = torch.float64 if dtype == "float64" else torch.float32
+    initial, want = sequential(
+        CNN, steps=10, batch=batch * microbatches, seed=1, dtype=torch_dtype, lr=0.1, momentum=0.9
+    )
+    got = pipeline_params(results)
+    assert_same(got, want, 1e-6 if dtype == "float64" else 1e-5)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    conv = got["conv2.weight"]  # (8, 4, 3, 3): one layout or the other, not both
+    assert conv.is_contiguous(memory_format=torch.channels_last) == (memory_format != "contiguous")
