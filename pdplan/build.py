@@ -11,7 +11,16 @@ import math
 import time
 from dataclasses import dataclass
 
-from pdplan.antichain import StateSpace, build_space, coarse_prefix_space, fitting_states, states_space
+from pdplan.antichain import (
+    StateSpace,
+    build_space,
+    coarse_prefix_space,
+    fitting_states,
+    prefix_downsets,
+    states_space,
+)
+from pdplan.antichain import _space as pairless_space
+from pdplan.chain import chain_work
 from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
 from pdplan.hierarchy import plan_levels
 from pdplan.partition import LevelSpec
@@ -39,8 +48,9 @@ class PlanConfig:
     cost_model: str = "pipedream"
     max_states: int = 500_000
     max_pairs: int = 4_000_000
-    # Hierarchies solve every range at every inner level (cubic in the states): the budget for
-    # an exact search, and the smaller one for a coarse search past it (pair-steps, ~1e8/s).
+    # Hierarchies solve every range at every inner level (cubic in the states with pairs, about
+    # quadratic over prefixes, chain.py): the budget for an exact search, and the smaller one
+    # for a coarse search past it (pair-steps, ~1e8/s).
     max_range_work: float = 1e9
     max_sweep_work: float = 4e8
     max_coarse_work: float = 2.5e8
@@ -97,11 +107,23 @@ def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
             space = states_space(candidate, found, "antichain" if candidate is problem else "compressed")
             if _range_work(space, config) <= config.max_range_work:
                 return candidate, space
+    # Every prefix of a topological order, each range solved exactly at every level (chain.py,
+    # about N^2 per worker split): on a chain these are all the antichain states.
+    masks, maxima, moves = prefix_downsets(problem)
+    if chain_work(len(masks), config.workers, config.straight) <= config.max_range_work:
+        search = "antichain" if _is_chain(problem) else "prefix"
+        return problem, pairless_space(problem, masks, maxima, moves, search, with_pairs=False)
     # Coarse prefixes: as many as a smaller budget allows (the work grows with their cube).
     probe = coarse_prefix_space(problem, 64)
     scale = _range_work(probe, config) / max(probe.size, 1) ** 3
     keep = max(2, int((config.max_coarse_work / max(scale, 1e-12)) ** (1 / 3)))
     return problem, coarse_prefix_space(problem, keep)
+
+
+def _is_chain(problem: Problem) -> bool:
+    """Each node feeds only the next one: then the prefixes are all the antichain states."""
+    one_source = sum(not p for p in problem.preds) == 1
+    return one_source and all(len(s) <= 1 for s in problem.succs) and all(len(p) <= 1 for p in problem.preds)
 
 
 def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:

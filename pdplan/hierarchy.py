@@ -6,6 +6,8 @@ range at the next level, where one "worker" is a whole server; the outermost lev
 solved once, from the first state to the last. The solution is then unfolded from the
 outside in: a range given ``r`` units at one level is planned inside each unit by the level
 below, and the stage's replicas sit on consecutive ranks of the units it was given.
+Over totally ordered states given without precedence pairs, ``chain.py`` does the same
+(every range, exactly) in about N^2 steps per worker split instead of N^3.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pdplan.antichain import FloatArray, StateSpace
+from pdplan.chain import is_chain, plan_chain
 from pdplan.partition import INF, LevelSpec, RangeCosts, Step, backtrack, innermost_costs, solve, table_costs
 from pdplan.threshold import ThresholdSolver
 
@@ -54,6 +57,13 @@ def range_tables(space: StateSpace, levels: list[LevelSpec]) -> list[FloatArray]
 
 def plan_levels(space: StateSpace, levels: list[LevelSpec]) -> Solution | None:
     """Solve ``levels`` (innermost first) and unfold the optimum; None when nothing fits."""
+    if not space.has_pairs and len(levels) > 1 and is_chain(space):
+        # A hierarchy over totally ordered states: every range at every level (chain.py).
+        found_chain = plan_chain(space, levels)
+        if found_chain is None:
+            return None
+        chain_stages = [FlatStage(a - 1, b - 1, ranks) for a, b, ranks in found_chain.stages]
+        return Solution(time_s=found_chain.time_s, stages=chain_stages)
     if not space.has_pairs:
         # Too many states to list their pairs: the bottleneck search (one level only).
         if len(levels) != 1:
