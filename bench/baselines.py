@@ -77,6 +77,9 @@ class RankTimes:
     compute_s: float
     optimizer_s: float
     comm_s: float = math.nan  # in communication calls and waiting on them (pipelining only)
+    # pipelining: forward_s, backward_s, loss_s (their sum is compute_s), send_s (posting its batched
+    # sends and receives) and recv_wait_s (waiting on them; their sum is comm_s)
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def other_s(self) -> float:
@@ -202,13 +205,15 @@ class _Clock:
         return self.total + extra
 
 
-def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+def _timed(fn: Callable[..., Any], *into: list[float]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            into[0] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            for acc in into:
+                acc[0] += dt
 
     return wrapper
 
@@ -223,6 +228,7 @@ def _train_loop(
     eval_model: nn.Module | None,
     epoch_steps: int,
     comm: list[float] | None = None,
+    parts: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
     """Run warm-up and timed steps; the rank with ``eval_model`` evaluates after each epoch."""
     val = load_tensors(s.data, s.eval_data_args) if s.eval_data_args is not None and eval_model else None
@@ -233,6 +239,8 @@ def _train_loop(
     compute[0] = 0.0
     if comm is not None:
         comm[0] = 0.0
+    for acc in (parts or {}).values():
+        acc[0] = 0.0
     optimizer_s = 0.0
     losses: list[float] = []
     ends: list[float] = []
@@ -268,6 +276,7 @@ def _train_loop(
         "compute_s": compute[0],
         "optimizer_s": optimizer_s,
         "comm_s": comm[0] if comm is not None else math.nan,
+        "parts": {name: acc[0] for name, acc in (parts or {}).items()},
         "losses": losses,
         "ends": ends,
         "evals": evals,
@@ -354,15 +363,16 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     cls = Schedule1F1B if schedule_name == "1f1b" else ScheduleGPipe
     schedule = cls(stage, s.microbatches, loss_fn=loss_fn)
     compute = [0.0]
-    stage.forward_one_chunk = _timed(stage.forward_one_chunk, compute)  # type: ignore[method-assign]
-    stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute)  # type: ignore[method-assign]
-    schedule._compute_loss = _timed(schedule._compute_loss, compute)  # type: ignore[method-assign]
+    parts = {name: [0.0] for name in ("forward_s", "backward_s", "loss_s", "send_s", "recv_wait_s")}
+    stage.forward_one_chunk = _timed(stage.forward_one_chunk, compute, parts["forward_s"])  # type: ignore[method-assign]
+    stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute, parts["backward_s"])  # type: ignore[method-assign]
+    schedule._compute_loss = _timed(schedule._compute_loss, compute, parts["loss_s"])  # type: ignore[method-assign]
     # Posting sends/receives and waiting for them (with the emulated link's sleep, when set).
     from torch.distributed.pipelining import schedules
 
     comm = [0.0]
-    schedules._batch_p2p = _timed(schedules._batch_p2p, comm)
-    schedules._wait_batch_p2p = _timed(schedules._wait_batch_p2p, comm)
+    schedules._batch_p2p = _timed(schedules._batch_p2p, comm, parts["send_s"])
+    schedules._wait_batch_p2p = _timed(schedules._wait_batch_p2p, comm, parts["recv_wait_s"])
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     opt = torch.optim.SGD(module.parameters(), lr=s.lr, momentum=s.momentum)
@@ -381,7 +391,8 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
             schedule.step()
         return float(torch.stack(losses).detach().mean()) if losses else None
 
-    return _train_loop(s, rank, world, step, opt, compute, None, max(1, order.per_epoch // s.microbatches), comm)
+    epoch = max(1, order.per_epoch // s.microbatches)
+    return _train_loop(s, rank, world, step, opt, compute, None, epoch, comm, parts)
 
 
 def _worker(rank: int, world: int, port: int, system: str, s: Settings, results: Any) -> None:
@@ -453,7 +464,8 @@ def run(system: str, s: Settings, world: int | None = None) -> Result:
 
 def _combine(system: str, world: int, s: Settings, outs: dict[int, dict[str, Any]]) -> Result:
     ranks = [
-        RankTimes(r, o["total_s"], o["compute_s"], o["optimizer_s"], o["comm_s"]) for r, o in sorted(outs.items())
+        RankTimes(r, o["total_s"], o["compute_s"], o["optimizer_s"], o["comm_s"], o.get("parts", {}))
+        for r, o in sorted(outs.items())
     ]
     # Losses come from the rank that computes them (the last stage, or rank 0 of DDP).
     reporter = max((r for r, o in outs.items() if o["losses"]), default=0)

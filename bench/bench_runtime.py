@@ -19,12 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from bench import toolchain
 from bench.baselines import Result, Settings, run
 from bench.measure import Figure, PdrunTiming, Report, check, pdrun_timing
 from shared.plan import Plan, load_plan
 
-PDRUN_SCHEDULES = ("1f1b-flush", "gpipe", "1f1b")
+# pdrun runs: label -> (schedule, --memory-format). The "nchw" runs keep the contiguous layout the
+# baselines run in, so the table shows what the layout brings apart from the runtime itself.
+PDRUN_RUNS = {
+    "1f1b-flush": ("1f1b-flush", "auto"),
+    "gpipe": ("gpipe", "auto"),
+    "1f1b": ("1f1b", "auto"),
+    "1f1b-flush nchw": ("1f1b-flush", "contiguous"),
+    "gpipe nchw": ("gpipe", "contiguous"),
+}
 BASELINES = ("pipe-1f1b", "pipe-gpipe", "single", "ddp")
 # Which baseline each pdrun schedule is compared with at equal settings.
 PAIRS = (
@@ -34,7 +44,11 @@ PAIRS = (
     ("1f1b", "single", "pdrun 1F1B (async) / single process"),
     ("1f1b", "ddp", "pdrun 1F1B (async) / DDP"),
     ("1f1b-flush", "ddp", "pdrun 1F1B-flush / DDP"),
+    ("1f1b-flush nchw", "pipe-1f1b", "pdrun 1F1B-flush, NCHW layout / pipelining Schedule1F1B"),
+    ("gpipe nchw", "pipe-gpipe", "pdrun GPipe, NCHW layout / pipelining ScheduleGPipe"),
 )
+# The split of a rank's time the "where time goes" table gives, where a system measures it.
+PARTS = ("forward_s", "backward_s", "loss_s", "optimizer_s", "send_s", "recv_wait_s")
 
 
 @dataclass(frozen=True)
@@ -75,16 +89,39 @@ def settings_from_plan(plan: Plan, cfg: Config) -> Settings:
     )
 
 
-def run_pdrun(plan_path: Path, schedule: str, cfg: Config, work: Path, tag: str, **kw: Any) -> tuple[str, PdrunTiming]:
+@dataclass
+class PdrunRun:
+    """One pdrun run: its command, its timing and each rank's seconds per part (``PARTS``) over the timed steps."""
+
+    cmd: str
+    timing: PdrunTiming
+    parts: dict[int, dict[str, float]]
+
+
+def run_pdrun(
+    plan_path: Path, schedule: str, cfg: Config, work: Path, tag: str, memory_format: str = "auto", **kw: Any
+) -> PdrunRun:
     """pdrun on ``plan_path`` with ``schedule``: the same samples as the baselines' warm-up + timed steps."""
     ups = 1 if schedule == "1f1b" else cfg.microbatches
     # In 1F1B each unit is a step: run as many units as the flush schedules do.
     scale = cfg.microbatches // ups
-    metrics = work / f"run-{tag}-{schedule}.parquet"
+    metrics = work / f"run-{tag}-{schedule}-{memory_format}.parquet"
     extra = ["--schedule", schedule, "--microbatches", str(cfg.microbatches), "--lr", f"{cfg.lr:g}"]
     extra += ["--momentum", f"{cfg.momentum:g}", "--no-val", "-q"]
+    if memory_format != "auto":
+        extra += ["--memory-format", memory_format]
     done, _ = toolchain.pdrun(plan_path, metrics, steps=(cfg.steps + cfg.warmup) * scale, extra=extra, **kw)
-    return done.cmd, pdrun_timing(metrics, cfg.warmup * scale)
+    return PdrunRun(done.cmd, pdrun_timing(metrics, cfg.warmup * scale), _pdrun_parts(metrics, cfg.warmup * scale))
+
+
+def _pdrun_parts(metrics: Path, warmup_steps: int) -> dict[int, dict[str, float]]:
+    """Per rank, seconds per part over the steps after the warm-up (pdrun's loss is inside its forward)."""
+    df = pd.read_parquet(metrics)
+    timed = df[df["step"] >= warmup_steps]
+    out: dict[int, dict[str, float]] = {}
+    for rank, rows in timed.groupby("rank"):
+        out[int(str(rank))] = {p: float(rows[p].sum()) for p in PARTS if p in rows}
+    return out
 
 
 def make_plan(work: Path, cfg: Config) -> tuple[Path, list[str]]:
@@ -109,17 +146,19 @@ def bench(work: Path, cfg: Config) -> Report:
         f"{cfg.warmup} warm-up steps, SGD lr {cfg.lr} momentum {cfg.momentum}, one thread per process, "
         f"gloo on 127.0.0.1; best of {cfg.repeats} interleaved runs. Plan: {' && '.join(cmds)}"
     )
-    best_pd: dict[str, tuple[str, PdrunTiming]] = {}
+    best_runs: dict[str, PdrunRun] = {}
     best_base: dict[str, Result] = {}
     for _ in range(cfg.repeats):
-        for schedule in PDRUN_SCHEDULES:
-            cmd, t = run_pdrun(plan_path, schedule, cfg, work, "rt")
-            if schedule not in best_pd or t.steady_samples_per_s > best_pd[schedule][1].steady_samples_per_s:
-                best_pd[schedule] = (cmd, t)
+        for label, (schedule, memory_format) in PDRUN_RUNS.items():
+            got = run_pdrun(plan_path, schedule, cfg, work, "rt", memory_format)
+            best = best_runs.get(label)
+            if best is None or got.timing.steady_samples_per_s > best.timing.steady_samples_per_s:
+                best_runs[label] = got
         for system in BASELINES:
             r = run(system, s, 2 if system == "ddp" else None)
             if system not in best_base or r.steady_samples_per_s > best_base[system].steady_samples_per_s:
                 best_base[system] = r
+    best_pd = {label: (r.cmd, r.timing) for label, r in best_runs.items()}
     rows: list[dict[str, Any]] = []
     for schedule, (cmd, t) in best_pd.items():
         rows.append({"system": f"pdrun {schedule}", "samples_per_s": t.steady_samples_per_s,
@@ -143,7 +182,7 @@ def bench(work: Path, cfg: Config) -> Report:
             diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
             report.add(Figure(f"same training: largest per-step loss difference, pdrun {ours} vs {theirs}", diff, "",
                               f"{best_pd[ours][0]}  vs  {base_cmd}", note="equal settings: ~0 up to float rounding"))
-    report.tables["where_time_goes"] = _breakdown(best_pd, best_base)
+    report.tables["where_time_goes"] = _breakdown(best_runs, best_base)
     eff = _efficiency(plan, best_pd["1f1b"][1])
     if eff is not None:
         measured, ideal = eff
@@ -155,21 +194,31 @@ def bench(work: Path, cfg: Config) -> Report:
     return report
 
 
-def _breakdown(pd: dict[str, tuple[str, PdrunTiming]], base: dict[str, Result]) -> list[dict[str, Any]]:
+def _breakdown(runs: dict[str, PdrunRun], base: dict[str, Result]) -> list[dict[str, Any]]:
     """Per system and rank: seconds computing (forward, backward, loss, optimizer step), in communication
-    calls or waiting for a peer, and the rest (the framework's own work between them)."""
+    calls or waiting for a peer, and the rest (the framework's own work between them); then the same
+    time by part where the system measures it: forward, backward, loss (pdrun: inside its forward),
+    optimizer, posting sends (gloo writes into the socket there) and waiting for receives."""
     rows: list[dict[str, Any]] = []
-    for schedule, (_, t) in pd.items():
-        for r in t.ranks:
+    for label, pd_run in runs.items():
+        for r in pd_run.timing.ranks:
+            rank = int(r["rank"])
             rest = r["total_s"] - r["compute_s"] - r["comm_s"] - r["idle_s"]
-            rows.append({"system": f"pdrun {schedule}", "rank": int(r["rank"]), "total_s": r["total_s"],
+            rows.append({"system": f"pdrun {label}", "rank": rank, "total_s": r["total_s"],
                          "compute_s": r["compute_s"], "comm_wait_s": r["comm_s"] + r["idle_s"],
-                         "other_s": max(0.0, rest)})
+                         "other_s": max(0.0, rest), **_parts(pd_run.parts.get(rank, {}))})
     for system, res in base.items():
         for k in res.ranks:
+            known = {**k.parts, "optimizer_s": k.optimizer_s} if k.parts else {}
             rows.append({"system": system, "rank": k.rank, "total_s": k.total_s,
-                         "compute_s": k.compute_s + k.optimizer_s, "comm_wait_s": k.comm_s, "other_s": k.other_s})
+                         "compute_s": k.compute_s + k.optimizer_s, "comm_wait_s": k.comm_s, "other_s": k.other_s,
+                         **_parts(known)})
     return rows
+
+
+def _parts(known: dict[str, float]) -> dict[str, float | None]:
+    """Every column of ``PARTS``, None where not measured."""
+    return {p: known.get(p) for p in PARTS}
 
 
 def _efficiency(plan: Plan, t: PdrunTiming) -> tuple[float, float] | None:

@@ -3,7 +3,8 @@
 One row per optimizer step and rank: ``step``, ``loss`` (NaN except on the last stage),
 ``rank``, ``stage``, ``replica``, ``samples_per_s``, ``compute_s`` (forward, backward and
 optimizer step), ``comm_s`` (posting sends, all-reduce), ``idle_s`` (waiting in receives
-for a peer), ``wall_s`` and ``versions`` (weight versions held).
+for a peer), ``wall_s`` and ``versions`` (weight versions held); and the same time by part:
+``forward_s``, ``backward_s``, ``optimizer_s``, ``send_s``, ``allreduce_s``, ``recv_wait_s``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from pdrun.runner import WorkerResult
+from pdrun.worker import PARTS
 from shared.plan import Plan
 from shared.tables import RUN_METRICS, save_table
 
@@ -29,6 +31,7 @@ COLUMNS = (
     "idle_s",
     "wall_s",
     "versions",
+    *PARTS,
 )
 
 

@@ -42,6 +42,17 @@ class UnitState:
     forward_print: float = 0.0
 
 
+# The run metrics' split of a step by instruction kind (compute_s, comm_s and idle_s are their sums).
+PARTS: dict[str, tuple[Kind, ...]] = {
+    "forward_s": (Kind.FORWARD,),  # with reading the unit's batch and the loss
+    "backward_s": (Kind.BACKWARD,),
+    "optimizer_s": (Kind.STEP,),
+    "send_s": (Kind.SEND_ACT, Kind.SEND_GRAD),  # posting sends (gloo copies into the socket here)
+    "allreduce_s": (Kind.ALLREDUCE,),
+    "recv_wait_s": (Kind.RECV_ACT, Kind.RECV_GRAD),  # blocked until a peer's message is in
+}
+
+
 @dataclass
 class StepStats:
     """Time and work since the last optimizer step on this worker."""
@@ -50,6 +61,7 @@ class StepStats:
     compute_s: float = 0.0
     comm_s: float = 0.0
     idle_s: float = 0.0
+    by_kind: dict[Kind, float] = field(default_factory=dict)  # the same time per instruction kind
     units: int = 0
     losses: list[float] = field(default_factory=list)
 
@@ -159,6 +171,7 @@ class Worker:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # kernels are asynchronous: time them where they run
             dt = time.perf_counter() - t0
+            self.stats.by_kind[ins.kind] = self.stats.by_kind.get(ins.kind, 0.0) + dt
             if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.STEP):
                 self.stats.compute_s += dt
             elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
@@ -381,6 +394,7 @@ class Worker:
                 "compute_s": st.compute_s,
                 "comm_s": st.comm_s,
                 "idle_s": st.idle_s,
+                **{column: sum(st.by_kind.get(k, 0.0) for k in kinds) for column, kinds in PARTS.items()},
                 "wall_s": wall,
                 "versions": self.versions.held(),
             }
