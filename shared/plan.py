@@ -86,7 +86,7 @@ class Prediction(Strict):
     speedup_over_data_parallel: float | None = Field(default=None, ge=0)
     states: int | None = Field(default=None, ge=0, description="DP states explored")
     search: str | None = Field(
-        default=None, description="states searched: antichain (all), compressed, prefix or coarse-prefix"
+        default=None, description="states searched: antichain (all), compressed, narrow, prefix or coarse-prefix"
     )
     solve_s: float | None = Field(default=None, ge=0, description="planner wall time")
     antichain_states: int | None = Field(
