@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 
 from pdplan.antichain import FloatArray, IntArray, StateSpace
 from pdplan.partition import INF, LevelSpec, Step
+from shared.malloc import steady_malloc
 
 BoolArray = NDArray[np.bool_]
 
@@ -222,78 +223,75 @@ def _last_stage(
     fac = memory_factor(spec.workers, m, r)
     o = 2.0 * pre.outputs / (spec.bandwidth * r)
     o_out = np.where(np.arange(n1) == n, 0.0, o)
-    u = np.maximum(prev, o[None, :])  # prev is inf up to the start
-    low = np.empty(u.shape)  # only the columns after each block's first start are used
+    low = np.empty(prev.shape)  # only the columns after each block's first start are used
     blocks = [(i, min(i + _BLOCK, len(rows)), int(rows[i])) for i in range(0, len(rows), _BLOCK)]
+    us = []
     for i0, i1, a0 in blocks:
+        us.append(np.maximum(prev[i0:i1, a0:], o[None, a0:]))  # prev is inf up to the start
         # low[c]: the minimum of u over [c, end].
-        low[i0:i1, a0:] = np.minimum.accumulate(u[i0:i1, a0:][:, ::-1], axis=1)[:, ::-1]
+        low[i0:i1, a0:] = np.minimum.accumulate(us[-1][:, ::-1], axis=1)[:, ::-1]
     pos = _crossings(pre, hulls, rows, low, r, fac)
-    out = np.empty(u.shape)
-    for i0, i1, a0 in blocks:
+    out = np.empty(prev.shape)
+    flat_low = low.ravel()
+    for (i0, i1, a0), ub in zip(blocks, us, strict=True):
         out[i0:i1, :a0] = INF
-        # Local columns: j stands for position a0 + j.
-        ub, lb = u[i0:i1, a0:], low[i0:i1, a0:]
+        # Local columns: j stands for position a0 + j. Cells with b <= a come out inf by
+        # themselves (no split lies before their cut), so nothing below masks them.
+        lb = low[i0:i1, a0:]
         width = n1 - a0
         cols = np.arange(width, dtype=np.int64)
         first = (rows[i0:i1] - a0 + 1)[:, None]
-        valid = cols[None, :] >= first
         # reach[c]: where low[c] first occurs; low[c] is u's minimum over [c, b) only once b > reach[c].
-        record = np.where(ub <= lb, cols[None, :], width)
+        record = np.where(ub <= lb, cols, width)
         reach = np.minimum.accumulate(record[:, ::-1], axis=1)[:, ::-1]
         cut = np.zeros(ub.shape, dtype=np.int64)
         cut[:, 1:] = _counts_up_to(reach, width)[:, :-1]  # #{c : reach[c] < b}
-        # cross[b]: the last c with low[c] < E(c, b); they form a prefix (every c <= a counts).
-        cross = _counts_up_to(np.maximum(pos[a0:, i0:i1] - a0, 0).T, width) - 1
-        k1 = np.minimum(cross, cut - 1)
-        take = valid & (k1 >= first)
-        ends = np.broadcast_to(a0 + cols[None, :], k1.shape)
-        best = np.where(take, hulls.at(r, fac, a0 + np.clip(k1, 0, width - 1), ends), INF)
+        # cross: how many c have low[c] < E(c, b); they form a prefix (every c <= a < b counts).
+        cross = _counts_up_to((pos[a0:, i0:i1] - a0).T, width)
+        k1 = np.minimum(cross, cut) - 1  # the last crossed split before the cut
+        best = np.where(k1 >= first, hulls.at(r, fac, a0 + k1, a0 + cols), INF)
         nxt = np.maximum(k1 + 1, first)
-        take = valid & (nxt < cut)
-        from_low = np.take_along_axis(lb, np.minimum(nxt, width - 1), axis=1)
-        np.minimum(best, np.where(take, from_low, INF), out=best)
-        length = np.where(valid, cols[None, :] - np.maximum(cut, first), 0)
-        _tail(hulls, ub, best, length, a0, r, fac)
+        rowbase = (np.arange(i0, i1, dtype=np.int64) * n1 + a0)[:, None]
+        from_low = flat_low[rowbase + np.minimum(nxt, width - 1)]
+        np.minimum(best, np.where(nxt < cut, from_low, INF), out=best)
+        _tail(hulls, ub, best, cols - np.maximum(cut, first), a0, r, fac)
         _below_hull(pre, level, ub, best, a0, r, fac)
-        out[i0:i1, a0:] = np.where(valid, np.maximum(best, o_out[None, a0:]), INF)
+        out[i0:i1, a0:] = np.maximum(best, o_out[a0:])
     return out
 
 
 def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low: FloatArray, r: int, fac: int) -> IntArray:
-    """``pos[c, i]``: the first b > c with E(c, b) > low[i, c] (n + 1 if none; 0 for c <= start)."""
+    """``pos[c, i]``: the first b > c with E(c, b) > low[i, c] (n + 1 if none; c + 1 for c <= start)."""
     n, n1 = pre.n, pre.n + 1
+    # found[c, i] = pos - (c + 1): how many b after c keep E(c, b) <= low[i, c].
+    found = np.zeros((n1, len(rows)), dtype=np.int64)
     if hulls.dense:
         # One searchsorted per c over E(c, .), which rises with b, for the starts before c,
         # shortest range first: the queries then mostly rise, which searchsorted is fast on.
-        # Laid out by c (pos_t[c, i]) so that each c's queries and answers are contiguous.
+        # Laid out by c so that each c's queries and answers are contiguous.
         e = hulls.matrix(r, fac)
         low_t = np.ascontiguousarray(low.T)
-        pos_t = np.zeros((n1, len(rows)), dtype=np.int64)
-        pos_t[n] = n1
         before = np.searchsorted(rows, np.arange(n1), side="left")
         for c in range(1, n):
             k = int(before[c])
             if k:
-                found = np.searchsorted(e[c, c + 1 :], low_t[c, k - 1 :: -1], side="right")
-                pos_t[c, k - 1 :: -1] = c + 1 + found
-        return pos_t
-    pos_t = np.zeros((n1, len(rows)), dtype=np.int64)
-    pos_t[n] = n1
-    # Few starts: a bisection for every (start, c) at once.
-    ii, cc = np.nonzero((np.arange(n1)[None, :] > rows[:, None]) & (np.arange(n1)[None, :] < n))
-    q = low[ii, cc]
-    lo, hi = cc + 1, np.full(len(cc), n1)
-    while True:
-        act = np.flatnonzero(lo < hi)
-        if not len(act):
-            break
-        mid = (lo[act] + hi[act]) // 2
-        above = hulls.at(r, fac, cc[act], mid) > q[act]
-        hi[act] = np.where(above, mid, hi[act])
-        lo[act] = np.where(above, lo[act], mid + 1)
-    pos_t[cc, ii] = lo
-    return pos_t
+                found[c, k - 1 :: -1] = e[c, c + 1 :].searchsorted(low_t[c, k - 1 :: -1], side="right")
+    else:
+        # Few starts: a bisection for every (start, c) at once.
+        ii, cc = np.nonzero((np.arange(n1)[None, :] > rows[:, None]) & (np.arange(n1)[None, :] < n))
+        q = low[ii, cc]
+        lo, hi = cc + 1, np.full(len(cc), n1)
+        while True:
+            act = np.flatnonzero(lo < hi)
+            if not len(act):
+                break
+            mid = (lo[act] + hi[act]) // 2
+            above = hulls.at(r, fac, cc[act], mid) > q[act]
+            hi[act] = np.where(above, mid, hi[act])
+            lo[act] = np.where(above, lo[act], mid + 1)
+        found[cc, ii] = lo - cc - 1
+    found += np.arange(1, n1 + 1, dtype=np.int64)[:, None]
+    return found
 
 
 def _tail(
@@ -382,6 +380,10 @@ class ChainPlan:
 
 def plan_chain(space: StateSpace, specs: list[LevelSpec]) -> ChainPlan | None:
     """Solve ``specs`` (innermost first) over the chain ``space``; None when nothing fits."""
+    # Thousands of multi-megabyte temporaries: with glibc's default thresholds each is mapped
+    # afresh and its pages faulted in (a third of the time on the 2,000-layer chain). Fixed
+    # thresholds reuse them (process-wide, as pdprof does for its timings).
+    steady_malloc()
     pre = Prefix.of(space)
     n, n1 = pre.n, pre.n + 1
     cost = np.full((n1, n1), INF)
