@@ -207,3 +207,33 @@ def test_dag_straight_and_memory_equal_brute_force(dag, workers, memory):
 def test_compute_only_model_equals_brute_force(dag, workers, bandwidth):
     costs, edges = dag
     _check(costs, edges, [workers], [bandwidth], model="pipedream-compute")
+
+
+@SETTINGS
+@given(
+    st.lists(costs_st, min_size=1, max_size=5),
+    st.sampled_from([(2, 2), (3, 2), (2, 1, 2)]),
+    st.sampled_from([None, 2e7]),
+    st.booleans(),
+)
+def test_chain_solver_equals_brute_force(costs, workers, memory, straight):
+    # chain.py (what pdplan runs on long chains with a hierarchy), called on the prefix states.
+    from pdplan.antichain import _space, prefix_downsets
+    from pdplan.build import level_specs
+    from pdplan.chain import plan_chain
+    from pdplan.problem import prepare
+
+    edges = [(i, i + 1) for i in range(len(costs) - 1)]
+    g, states = _downsets(len(costs), edges)
+    bandwidths = [1e10, 1e9, 1e8][: len(workers)]
+    expected = _best(g, states, costs, list(zip(workers, bandwidths, strict=True)), memory, straight)
+    problem = prepare(_graph(costs, edges).to_networkx())
+    space = _space(problem, *prefix_downsets(problem), "antichain", with_pairs=False)
+    config = PlanConfig(
+        workers=tuple(workers), bandwidths=tuple(bandwidths), memory=memory, straight=straight
+    )
+    found = plan_chain(space, level_specs(config, config.levels()))
+    assert (found is None) == math.isinf(expected)
+    if found is not None:
+        assert math.isclose(found.time_s, expected, rel_tol=1e-9), (found.time_s, expected)
+        assert sorted(r for _, _, ranks in found.stages for r in ranks) == list(range(math.prod(workers)))
