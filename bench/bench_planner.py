@@ -4,10 +4,11 @@ Each case loads a layer graph (a PipeDream profile through ``pdprof import-piped
 parser, or a synthetic chain), plans it with ``pdplan``'s library call and records the
 state count, the search used (all antichain states, the series-compressed DAG's, its
 narrow-cut states beside topological prefixes, or prefixes alone) and the wall time of the
-whole planning call (best of ``--repeat``), and beside them the exact number of states of PipeDream's antichain DAG (``antichain_states``,
-counted by ``pdplan.statecount`` without listing them; ``count_s`` its time, best of ``--repeat``):
-the search covers all of them when ``states`` equals it. The table on stderr shows big counts
-as ``1.6e+11``; the JSON rows carry the exact integer.
+whole planning call (best of ``--repeat``), and beside them the exact number of states of
+PipeDream's antichain DAG (``antichain_states``, counted by ``pdplan.statecount`` without
+listing them; ``count_s`` its time, best of ``--repeat``): the search covers all of them
+when ``states`` equals it. The table on stderr shows big counts as ``1.6e+11``; the JSON
+rows carry the exact integer.
 The reference times are those the issue measured for the paper's optimizer on this
 machine (pure Python, cubic in the states).
 
