@@ -137,17 +137,18 @@ def single_time(pre: Prefix, level: Level, rows: IntArray, m: int) -> FloatArray
     """The whole range (a..b] as one stage on m units (inf where not allowed), rows by start a."""
     spec = level.spec
     n1 = pre.n + 1
-    out = np.full((len(rows), n1), INF)
     if spec.straight and m > 1:
-        return out
+        return np.full((len(rows), n1), INF)
     a = rows[:, None]
+    contiguous = len(rows) and rows[-1] - rows[0] == len(rows) - 1
+    where = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
     dp = pre.params[None, :] - pre.params[a]
     allreduce = 4 * (m - 1) * dp / (spec.bandwidth * m) / spec.within
-    out = (level.cost[rows] + allreduce) / m
+    out = (level.cost[where] + allreduce) / m  # cost is inf unless a < b
     if spec.memory is not None:
         dy = (pre.params + pre.acts)[None, :] - (pre.params[a] + pre.acts[a])
         out = np.where(memory_factor(spec.workers, m, m) * dy > spec.memory, INF, out)
-    return np.where(np.arange(n1)[None, :] > a, out, INF)
+    return np.asarray(out, dtype=np.float64)
 
 
 def level_tables(pre: Prefix, level: Level, rows: IntArray) -> list[FloatArray]:
@@ -223,24 +224,26 @@ def _last_stage(
     fac = memory_factor(spec.workers, m, r)
     o = 2.0 * pre.outputs / (spec.bandwidth * r)
     o_out = np.where(np.arange(n1) == n, 0.0, o)
-    low = np.empty(prev.shape)  # only the columns after each block's first start are used
+    # low[c]: the minimum of u over [c, end], per block (the columns after its first start),
+    # and the same laid out by c for the crossings.
+    low_t = np.empty((n1, len(rows)))
     blocks = [(i, min(i + _BLOCK, len(rows)), int(rows[i])) for i in range(0, len(rows), _BLOCK)]
-    us = []
+    us, lows = [], []
     for i0, i1, a0 in blocks:
         us.append(np.maximum(prev[i0:i1, a0:], o[None, a0:]))  # prev is inf up to the start
-        # low[c]: the minimum of u over [c, end].
-        low[i0:i1, a0:] = np.minimum.accumulate(us[-1][:, ::-1], axis=1)[:, ::-1]
-    pos = _crossings(pre, hulls, rows, low, r, fac)
+        # Kept right to left (contiguous, for gathers); lows[k][:, ::-1] is low itself.
+        lows.append(np.minimum.accumulate(us[-1][:, ::-1], axis=1))
+        low_t[a0:, i0:i1] = lows[-1][:, ::-1].T
+    pos = _crossings(pre, hulls, rows, low_t, r, fac)
     out = np.empty(prev.shape)
-    flat_low = low.ravel()
-    for (i0, i1, a0), ub in zip(blocks, us, strict=True):
+    for (i0, i1, a0), ub, rev in zip(blocks, us, lows, strict=True):
         out[i0:i1, :a0] = INF
         # Local columns: j stands for position a0 + j. Cells with b <= a come out inf by
         # themselves (no split lies before their cut), so nothing below masks them.
-        lb = low[i0:i1, a0:]
         width = n1 - a0
         cols = np.arange(width, dtype=np.int64)
         first = (rows[i0:i1] - a0 + 1)[:, None]
+        lb = rev[:, ::-1]
         # reach[c]: where low[c] first occurs; low[c] is u's minimum over [c, b) only once b > reach[c].
         record = np.where(ub <= lb, cols, width)
         reach = np.minimum.accumulate(record[:, ::-1], axis=1)[:, ::-1]
@@ -251,8 +254,8 @@ def _last_stage(
         k1 = np.minimum(cross, cut) - 1  # the last crossed split before the cut
         best = np.where(k1 >= first, hulls.at(r, fac, a0 + k1, a0 + cols), INF)
         nxt = np.maximum(k1 + 1, first)
-        rowbase = (np.arange(i0, i1, dtype=np.int64) * n1 + a0)[:, None]
-        from_low = flat_low[rowbase + np.minimum(nxt, width - 1)]
+        rowbase = (np.arange(i1 - i0, dtype=np.int64) * width + width - 1)[:, None]
+        from_low = rev.ravel()[rowbase - np.minimum(nxt, width - 1)]
         np.minimum(best, np.where(nxt < cut, from_low, INF), out=best)
         _tail(hulls, ub, best, cols - np.maximum(cut, first), a0, r, fac)
         _below_hull(pre, level, ub, best, a0, r, fac)
@@ -260,8 +263,8 @@ def _last_stage(
     return out
 
 
-def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low: FloatArray, r: int, fac: int) -> IntArray:
-    """``pos[c, i]``: the first b > c with E(c, b) > low[i, c] (n + 1 if none; c + 1 for c <= start)."""
+def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low_t: FloatArray, r: int, fac: int) -> IntArray:
+    """``pos[c, i]``: the first b > c with E(c, b) > low_t[c, i] (n + 1 if none; c + 1 for c <= start)."""
     n, n1 = pre.n, pre.n + 1
     # found[c, i] = pos - (c + 1): how many b after c keep E(c, b) <= low[i, c].
     found = np.zeros((n1, len(rows)), dtype=np.int64)
@@ -270,7 +273,6 @@ def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low: FloatArray, r: i
         # shortest range first: the queries then mostly rise, which searchsorted is fast on.
         # Laid out by c so that each c's queries and answers are contiguous.
         e = hulls.matrix(r, fac)
-        low_t = np.ascontiguousarray(low.T)
         before = np.searchsorted(rows, np.arange(n1), side="left")
         for c in range(1, n):
             k = int(before[c])
@@ -279,7 +281,7 @@ def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low: FloatArray, r: i
     else:
         # Few starts: a bisection for every (start, c) at once.
         ii, cc = np.nonzero((np.arange(n1)[None, :] > rows[:, None]) & (np.arange(n1)[None, :] < n))
-        q = low[ii, cc]
+        q = low_t[cc, ii]
         lo, hi = cc + 1, np.full(len(cc), n1)
         while True:
             act = np.flatnonzero(lo < hi)
