@@ -8,10 +8,11 @@ from dataclasses import asdict, replace
 import click
 
 from pdrun import metrics, timeline
-from pdrun.config import Backend, Device, Dtype, LrSchedule, MemoryFormat, Optimizer, RunConfig
+from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig
 from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
+from shared.layout import MemoryFormat
 from shared.plan import SCHEDULES, Plan, load_plan
 
 

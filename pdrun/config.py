@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.layout import MemoryFormat
+
 Optimizer = Literal["sgd", "adam"]
 Device = Literal["cpu", "cuda"]
 Backend = Literal["gloo", "nccl"]
 Dtype = Literal["float32", "float64"]
 LrSchedule = Literal["constant", "cosine"]
-MemoryFormat = Literal["auto", "contiguous", "channels-last"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RunConfig:
     resume: bool = False
     resume_from: str | None = None  # the verified checkpoint directory --resume starts from (set by launch)
     dtype: Dtype = "float32"
-    # 4-d activations channels-last (pdrun.layout); auto: float32 CNNs on CPU.
+    # 4-d activations channels-last (shared.layout); auto: float32 CNNs on CPU.
     memory_format: MemoryFormat = "auto"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True

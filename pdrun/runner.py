@@ -28,7 +28,6 @@ from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
 from pdrun.faults import Fault
-from pdrun.layout import module_to_channels_last, use_channels_last
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
 from pdrun.stage import build_stage, sample_values
@@ -36,6 +35,7 @@ from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
 from shared.errors import PDError, RunError, UserError
+from shared.layout import module_to_channels_last, use_channels_last
 from shared.malloc import steady_malloc
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model

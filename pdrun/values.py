@@ -5,7 +5,7 @@ tuple or list of those (``x.split(...)`` before its ``getitem``). One forward pa
 batch gives each value's *spec*; the spec fixes the tensors a message carries (its *leaves*,
 in order), so the receiver allocates buffers of known shape and rebuilds the value from them.
 Numbers and sizes travel as small int64/float64 tensors. A 4-d tensor of a channels-last run
-(``pdrun.layout``) travels as its contiguous NHWC permutation, so that neither end copies it.
+(``shared.layout``) travels as its contiguous NHWC permutation, so that neither end copies it.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ from torch.func import functional_call
 from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
-from pdrun.layout import input_to_channels_last
 from pdrun.partition import Partition
 from pdrun.stage import StageModule
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
+from shared.layout import input_to_channels_last
 from shared.schedule import Instr, Kind
 
 
@@ -130,7 +130,7 @@ class Worker:
         self.record = record
         self.lr_at = lr_at
         self.trace = trace  # keep one timeline event per instruction
-        self.channels_last = channels_last  # 4-d batch inputs go channels-last (pdrun.layout)
+        self.channels_last = channels_last  # 4-d batch inputs go channels-last (shared.layout)
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         self.base = 0  # global index of the current program's unit 0
         self.fault = Fault.from_environ()  # testing: an injected failure

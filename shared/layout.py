@@ -15,10 +15,12 @@ end copies it, and the gradient coming back has the layout its activation had).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
-from pdrun.config import MemoryFormat
+MemoryFormat = Literal["auto", "contiguous", "channels-last"]
 
 
 def use_channels_last(
