@@ -299,17 +299,22 @@ def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low_t: FloatArray, r:
 def _tail(
     hulls: _Hulls, u: FloatArray, best: FloatArray, length: IntArray, a0: int, r: int, fac: int
 ) -> None:
-    """Try the splits c = b - 1, b - 2, ... while ``length[i, b]`` allows (local columns)."""
+    """Try the splits c = b - 1, b - 2, ... while ``length[i, b]`` allows (local columns).
+
+    A split's value is at least E(c, b), which only grows as c moves left: once it reaches
+    the best value found (the crossing's, or a later split's), no earlier split can win.
+    """
     width = best.shape[1]
     idx = np.flatnonzero(length > 0)
     t = 1
     while len(idx):
         i, b = np.divmod(idx, width)
         c = b - t
-        val = np.maximum(u[i, c], hulls.at(r, fac, a0 + c, a0 + b))
-        best.flat[idx] = np.minimum(best.flat[idx], val)
+        e = hulls.at(r, fac, a0 + c, a0 + b)
+        now = best.flat[idx]
+        best.flat[idx] = np.minimum(now, np.maximum(u[i, c], e))
         t += 1
-        idx = idx[length.flat[idx] >= t]
+        idx = idx[(length.flat[idx] >= t) & (e < now)]
 
 
 def _below_hull(
