@@ -11,8 +11,8 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
 
 - forward and backward: the sums of its layers' ``forward_ms`` and ``backward_ms``, plus the
   loss's (``graph.loss_forward_ms``, ``graph.loss_backward_ms``, ``unattributed_backward_ms``)
-  at the last stage, and fetching a batch (``graph.data_ms``) at the stages that read the
-  model's inputs and at the last (the targets), as pdrun's workers do;
+  at the last stage, and fetching a batch's inputs (``graph.data_ms``) at the stages that
+  read the model's inputs, as pdrun's workers do;
 - step: the sum of its layers' ``update_ms`` plus ``graph.update_overhead_ms`` (the first step
   after a backward costs more), when the stage has parameters;
 - all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` at the bandwidth its ranks span;
@@ -76,8 +76,9 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         backward[s] += node.backward_ms / 1000
         update[s] += node.update_ms / 1000
     forward[last] += _extra_ms(graph, "loss_forward_ms") / 1000
-    # Fetching a batch (graph.data_ms): the stages that read model inputs, and the last for its targets.
-    readers = {owner[n.id] for n in graph.nodes if n.op == "input" and n.id in owner} | {last}
+    # Fetching a batch's inputs (graph.data_ms): the stages that read model inputs (the last stage's
+    # targets are a gather of labels, negligible).
+    readers = {owner[n.id] for n in graph.nodes if n.op == "input" and n.id in owner}
     for s in readers:
         forward[s] += _extra_ms(graph, "data_ms") / 1000
     backward[last] += (_extra_ms(graph, "loss_backward_ms") + _extra_ms(graph, "unattributed_backward_ms")) / 1000

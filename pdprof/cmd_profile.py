@@ -14,6 +14,7 @@ from pdprof.update import OptimizerName
 from shared.cli import console, parse_kv
 from shared.graph import graph_json
 from shared.io import write_output
+from shared.layout import MemoryFormat
 from shared.spec import RunSpec, TraceOptions
 from shared.tables import PROFILE_TABLE, save_table
 
@@ -59,6 +60,9 @@ def _progress_bar() -> Iterator[Progress]:
 @click.option("--momentum", default=0.0, show_default=True, type=click.FloatRange(min=0), help="SGD momentum, as pdrun's --momentum.")
 @click.option("--concurrent", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
               help="CPU: profile beside N-1 sibling processes training the same model, as N workers on this host will run.")
+@click.option("--memory-format", type=click.Choice(["auto", "contiguous", "channels-last"]), default="auto",
+              show_default=True, help="The activations' layout, as pdrun's --memory-format (auto: channels-last for "
+              "float32 CNNs on CPU).")
 @click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
 @click.option("--table", "table", default=None, metavar="FILE", help="Write the raw samples here (Parquet).")
 def profile(
@@ -78,6 +82,7 @@ def profile(
     optimizer: OptimizerName,
     momentum: float,
     concurrent: int,
+    memory_format: MemoryFormat,
     out: str | None,
     table: str | None,
 ) -> None:
@@ -98,7 +103,9 @@ def profile(
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     )
-    config = ProfileConfig(spec, batch_size, device, warmup, repeats, threads, steady_malloc, optimizer, momentum, concurrent)
+    config = ProfileConfig(
+        spec, batch_size, device, warmup, repeats, threads, steady_malloc, optimizer, momentum, concurrent, memory_format
+    )
     with _progress_bar() as bar:
         task = bar.add_task("loading", total=None)
 

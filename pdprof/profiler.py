@@ -18,7 +18,6 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils.data import default_collate
 
 from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
@@ -26,8 +25,10 @@ from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from pdprof.update import OptimizerName, UpdateTimer, describe
+from shared.batches import gather
 from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
+from shared.layout import MemoryFormat, input_to_channels_last, module_to_channels_last, use_channels_last
 from shared.malloc import malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
@@ -53,6 +54,7 @@ class ProfileConfig:
     optimizer: OptimizerName = "sgd"  # the optimizer whose step is timed per layer (as pdrun will run it)
     momentum: float = 0.0
     concurrent: int = 1  # CPU: profile beside concurrent-1 sibling trainers (pdprof.siblings)
+    memory_format: MemoryFormat = "auto"  # the activations' layout, decided as pdrun decides it (shared.layout)
 
 
 @dataclass
@@ -94,12 +96,12 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
 
 
 def data_loader(dataset: Any, batch_size: int) -> Callable[[], Any]:
-    """One batch as pdrun's workers fetch it: ``batch_size`` shuffled samples, collated."""
+    """One batch of inputs as pdrun's input stage fetches it (``shared.batches``), random samples."""
     generator = torch.Generator().manual_seed(0)
 
     def load() -> Any:
-        order = torch.randint(len(dataset), (batch_size,), generator=generator)
-        return default_collate([dataset[int(i)] for i in order])
+        inputs, _ = gather(dataset, torch.randint(len(dataset), (batch_size,), generator=generator), target=False)
+        return inputs
 
     return load
 
@@ -127,6 +129,11 @@ def profile_model(
         traced = trace(model, config.spec.trace)
         model.to(device).train()
         traced.module.to(device).train()
+        # The layout pdrun will run in (same model, float32, same device: the same decision).
+        channels_last = use_channels_last(config.memory_format, model, device, torch.float32)
+        if channels_last:
+            module_to_channels_last(model)  # the traced module holds the same parameters
+            inputs = tuple(input_to_channels_last(v) if isinstance(v, torch.Tensor) else v for v in inputs)
         clock = clock_for(device)
         # Process-wide once set: the method string says whether it holds, not whether this call asked.
         steady = device.type == "cpu" and (steady_malloc() if config.steady_malloc else malloc_is_steady())
@@ -167,7 +174,10 @@ def profile_model(
                     loads.append(clock.ms(start, end))
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
-        return _assemble(traced, sizes, steps, samples, (updates, overheads, loads), inputs, config, device, clock, steady)
+        return _assemble(
+            traced, sizes, steps, samples, (updates, overheads, loads), inputs, config, device, clock, steady,
+            channels_last,
+        )
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -231,6 +241,7 @@ def _assemble(
     device: torch.device,
     clock: Clock,
     steady: bool,
+    channels_last: bool,
 ) -> ProfileResult:
     rows: list[dict[str, Any]] = []
     nodes: list[Node] = []
@@ -285,6 +296,7 @@ def _assemble(
         "update": describe(config.optimizer, config.momentum),
         "update_overhead_ms": _median(overheads) if updates and updates[0] else 0.0,
         "data_ms": _median(loads),
+        "memory_format": "channels-last" if channels_last else "contiguous",
         "concurrent": config.concurrent,
         "host": platform.node(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",

@@ -12,8 +12,8 @@ import inspect
 from typing import Any
 
 import torch
-from torch.utils.data import TensorDataset, default_collate
 
+from shared.batches import gather
 from shared.errors import SpecError, UserError
 from shared.resolve import resolve_dataset
 from shared.spec import RunSpec
@@ -63,23 +63,8 @@ class Units:
         return min(self.batch_size, len(self.dataset) - b * self.batch_size)
 
     def batch(self, unit: int, inputs: bool = True, target: bool = True) -> tuple[tuple[Any, ...], Any]:
-        """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None.
-
-        A ``TensorDataset`` of (inputs, targets) is indexed with the unit's indices in one
-        gather per tensor, and only for the parts asked for: the same tensors as collating
-        its samples one by one (a stack of the same rows), without 64 ``__getitem__`` calls
-        and without the images on a last stage that needs only the labels (py-spy, 2-stage
-        CNN: collating took ~15% of the first stage's compute and ~5% of the last's).
-        """
-        idx = self.indices(unit)
-        if type(self.dataset) is TensorDataset and len(self.dataset.tensors) == 2:
-            x, y = self.dataset.tensors
-            return ((x[idx],) if inputs else ()), (y[idx] if target else None)
-        samples = [self.dataset[int(i)] for i in idx]
-        got, labels = default_collate(samples)
-        if not isinstance(got, (tuple, list)):
-            got = (got,)
-        return (tuple(got) if inputs else ()), (labels if target else None)
+        """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None (``shared.batches``)."""
+        return gather(self.dataset, self.indices(unit), inputs, target)
 
 
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

@@ -77,3 +77,24 @@ def test_concurrent_cli_option_reaches_the_graph(tmp_path: Path) -> None:
     )
     assert r.exit_code == 0, r.output
     assert load_graph(out).graph["concurrent"] == 2
+
+
+@pytest.mark.parametrize(("choice", "expected"), [("auto", "channels-last"), ("contiguous", "contiguous")])
+def test_cnn_profiles_in_the_layout_pdrun_will_run(choice: str, expected: str) -> None:
+    from pdprof.profiler import profile_spec
+
+    spec = RunSpec(model="zoo:mnist_cnn", data="zoo:mnist5k")
+    result = profile_spec(ProfileConfig(spec, 16, warmup=1, repeats=2, memory_format=choice))  # type: ignore[arg-type]
+    assert result.graph.graph["memory_format"] == expected
+
+
+def test_an_mlp_stays_contiguous_under_auto() -> None:
+    assert _profile_graph_extras(RunSpec(model="zoo:resmlp", model_args={"width": 32, "depth": 1}, data="zoo:digits"))[
+        "memory_format"
+    ] == "contiguous"
+
+
+def _profile_graph_extras(spec: RunSpec) -> dict[str, object]:
+    from pdprof.profiler import profile_spec
+
+    return profile_spec(ProfileConfig(spec, 16, warmup=0, repeats=1)).graph.graph

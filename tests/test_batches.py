@@ -1,0 +1,33 @@
+"""shared.batches.gather: a TensorDataset's one-gather path equals collating its samples one by one."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import TensorDataset, default_collate
+
+from shared.batches import gather
+from shared.resolve import resolve_dataset
+
+
+def test_tensor_dataset_gather_equals_sample_by_sample_collation() -> None:
+    data = resolve_dataset("zoo:mnist5k")
+    assert type(data) is TensorDataset
+    idx = torch.randperm(len(data), generator=torch.Generator().manual_seed(1))[:64]
+    (x,), y = gather(data, idx)
+    want_x, want_y = default_collate([data[int(i)] for i in idx])
+    assert torch.equal(x, want_x) and torch.equal(y, want_y)
+    only_target = gather(data, idx, inputs=False)
+    assert only_target[0] == () and torch.equal(only_target[1], want_y)
+    assert gather(data, idx, target=False)[1] is None
+
+
+def test_other_datasets_are_collated_sample_by_sample() -> None:
+    class Pairs(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            return torch.full((3,), float(i)), i
+
+    (x,), y = gather(Pairs(), torch.tensor([4, 2]))
+    assert x.tolist() == [[4.0] * 3, [2.0] * 3] and y.tolist() == [4, 2]
