@@ -12,11 +12,11 @@ from shared.schedule import (
     SCHEDULES,
     Program,
     build_program,
-    draw_grid,
     program_to_text,
-    validate_program,
     worker_name,
 )
+from shared.schedule_check import validate_program
+from shared.schedule_grid import draw_grid
 from shared.simulate import Costs, simulate
 
 

@@ -32,7 +32,8 @@ from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program, validate_program
+from shared.schedule import build_program
+from shared.schedule_check import validate_program
 from shared.tracer import trace
 
 

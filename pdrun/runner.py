@@ -39,7 +39,8 @@ from shared.layout import module_to_channels_last, use_channels_last
 from shared.malloc import steady_malloc
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program, validate_program
+from shared.schedule import build_program
+from shared.schedule_check import validate_program
 from shared.tracer import trace
 
 

@@ -21,9 +21,9 @@ from shared.schedule import (
     program_from_text,
     program_to_text,
     stage_workers,
-    validate_program,
     worker_of_unit,
 )
+from shared.schedule_check import validate_program
 
 
 def _patterns(stages: int) -> list[tuple[int, ...]]:

@@ -7,7 +7,8 @@ import json
 from click.testing import CliRunner
 
 from pdrun.cli import main
-from shared.schedule import build_program, draw_grid, parse_instr, program_from_text
+from shared.schedule import build_program, parse_instr, program_from_text
+from shared.schedule_grid import draw_grid
 
 # PipeDream's 1F1B, 4 stages, 8 minibatches, forward = backward = 1 slot. Stage s warms up
 # with S - s forwards; the last stage alternates from its first unit; the first backward

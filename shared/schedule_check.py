@@ -1,0 +1,155 @@
+"""Validating a program before any of it runs: one line naming the worker and the instruction.
+
+pdrun validates every program it builds (and ``pdrun schedule`` every program it draws), so
+that a schedule that cannot run fails before training, with the grid of the failing program
+(``shared.schedule_grid``) and the failing instruction marked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shared.schedule import (
+    RECVS,
+    SENDS,
+    Instr,
+    Kind,
+    Program,
+    ScheduleError,
+    Worker,
+    worker_name,
+)
+from shared.schedule_grid import draw_grid
+from shared.simulate import Costs, run_timeline
+
+
+def validate_program(program: Program) -> None:
+    """Raise :class:`ScheduleError` (one line, with ``.grid``) unless ``program`` can run to the end.
+
+    Checks, in order: every peer is a worker of the program and in the right direction;
+    each worker forwards and backwards each of its units exactly once, forward first;
+    every send has its receive and every receive its send, in the same order between
+    the same two workers (messages between two ranks arrive in the order sent); every
+    replica of a stage joins the same number of all-reduces; and the whole program runs
+    to the end with blocking receives and non-blocking sends (no deadlock).
+    """
+    for w, instrs in program.items():
+        _check_worker(program, w, instrs)
+    _check_messages(program)
+    _check_allreduces(program)
+    stages = 1 + max((s for s, _ in program), default=0)
+    timeline = run_timeline(program, Costs.uniform(stages))
+    if timeline.deadlocked:
+        stuck = ", ".join(f"{worker_name(w)} at {program[w][i]}" for w, i in timeline.blocked.items())
+        marks = list(timeline.blocked.items())
+        raise ScheduleError(
+            f"the program deadlocks: {stuck} wait forever (receives block, sends do not)",
+            draw_grid(program, marks=marks),
+            *marks[0],
+        )
+
+
+def _fail(program: Program, message: str, worker: Worker, index: int) -> ScheduleError:
+    return ScheduleError(message, draw_grid(program, marks=[(worker, index)]), worker, index)
+
+
+def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr]) -> None:
+    name = worker_name(w)
+    forwarded: set[int] = set()
+    backwarded: set[int] = set()
+    for i, ins in enumerate(instrs):
+        if ins.kind in SENDS | RECVS:
+            if ins.peer is None or ins.peer not in program:
+                raise _fail(program, f"{name} {ins}: its peer is not a worker of the program", w, i)
+            later = ins.kind in (Kind.SEND_ACT, Kind.RECV_GRAD)
+            if (ins.peer[0] > w[0]) != later:
+                side = "a later" if later else "an earlier"
+                raise _fail(program, f"{name} {ins}: the peer must be at {side} stage than {w[0]}", w, i)
+        elif ins.peer is not None:
+            raise _fail(program, f"{name} {ins}: {ins.kind.name} takes no peer", w, i)
+        if ins.kind is Kind.FORWARD:
+            if ins.unit in forwarded:
+                raise _fail(program, f"{name} F{ins.unit}: unit {ins.unit} is forwarded twice", w, i)
+            forwarded.add(ins.unit)
+        elif ins.kind is Kind.BACKWARD:
+            if ins.unit in backwarded:
+                raise _fail(program, f"{name} B{ins.unit}: unit {ins.unit} is backwarded twice", w, i)
+            if ins.unit not in forwarded:
+                raise _fail(
+                    program, f"{name} B{ins.unit}: backward of unit {ins.unit} before its forward", w, i
+                )
+            backwarded.add(ins.unit)
+    for u in sorted(forwarded - backwarded):
+        i = next(j for j, ins in enumerate(instrs) if ins.kind is Kind.FORWARD and ins.unit == u)
+        raise _fail(program, f"{name} F{u}: unit {u} is forwarded but never backwarded", w, i)
+
+
+def _check_messages(program: Program) -> None:
+    # channel (kind of message, sender, receiver) -> [(unit, worker, index)] in program order
+    sent: dict[tuple[str, Worker, Worker], list[tuple[int, int]]] = {}
+    received: dict[tuple[str, Worker, Worker], list[tuple[int, int]]] = {}
+    for w, instrs in program.items():
+        for i, ins in enumerate(instrs):
+            if ins.peer is None:
+                continue
+            if ins.kind in SENDS:
+                sent.setdefault((ins.kind.value[1], w, ins.peer), []).append((ins.unit, i))
+            elif ins.kind in RECVS:
+                received.setdefault((ins.kind.value[1], ins.peer, w), []).append((ins.unit, i))
+    what = {"A": ("SA", "RA", "activations"), "G": ("SG", "RG", "gradients")}
+    for chan in sorted(set(sent) | set(received)):
+        kind, src, dst = chan
+        send_code, recv_code, noun = what[kind]
+        outs, gets = sent.get(chan, []), received.get(chan, [])
+        recv_units = [u for u, _ in gets]
+        send_units = [u for u, _ in outs]
+        for u, i in outs:
+            send_text = f"{worker_name(src)} {send_code}{u}>{_peer_text(dst)}"
+            recv_text = f"{recv_code}{u}<{_peer_text(src)}"
+            if send_units.count(u) > 1:
+                raise _fail(program, f"{send_text}: sent {send_units.count(u)} times", src, i)
+            if recv_units.count(u) == 0:
+                raise _fail(program, f"{send_text}: no matching {recv_text} on {worker_name(dst)}", src, i)
+            if recv_units.count(u) > 1:
+                j = [k for uu, k in gets if uu == u][1]
+                raise _fail(program, f"{worker_name(dst)} {recv_text}: received twice", dst, j)
+        for u, i in gets:
+            if u not in send_units:
+                raise _fail(
+                    program,
+                    f"{worker_name(dst)} {recv_code}{u}<{_peer_text(src)}: no matching "
+                    f"{send_code}{u}>{_peer_text(dst)} on {worker_name(src)}",
+                    dst,
+                    i,
+                )
+        if send_units != recv_units:
+            j = next(k for k, (a, b) in enumerate(zip(send_units, recv_units, strict=True)) if a != b)
+            raise _fail(
+                program,
+                f"{worker_name(src)} sends {noun} to {worker_name(dst)} in the order {send_units} but "
+                f"{worker_name(dst)} receives them in the order {recv_units} (messages arrive in send order)",
+                dst,
+                gets[j][1],
+            )
+
+
+def _peer_text(w: Worker) -> str:
+    """A worker as a peer is written in instructions: ``1.0``."""
+    return f"{w[0]}.{w[1]}"
+
+
+def _check_allreduces(program: Program) -> None:
+    counts: dict[int, dict[Worker, int]] = {}
+    for w, instrs in program.items():
+        counts.setdefault(w[0], {})[w] = sum(ins.kind is Kind.ALLREDUCE for ins in instrs)
+    for stage, per in sorted(counts.items()):
+        if len(set(per.values())) > 1:
+            most = max(per, key=lambda w: per[w])
+            index = [i for i, ins in enumerate(program[most]) if ins.kind is Kind.ALLREDUCE][-1]
+            got = ", ".join(f"{worker_name(w)}: {n}" for w, n in sorted(per.items()))
+            raise _fail(
+                program,
+                f"stage {stage}'s replicas join different numbers of all-reduces ({got}); each is a collective",
+                most,
+                index,
+            )
