@@ -108,8 +108,7 @@ def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
             if _range_work(space, config) <= config.max_range_work:
                 return candidate, space
     # A chain: its prefixes are all the antichain states, each range solved exactly at every
-    # level by chain.py (about N^2 per worker split). Not for DAGs: the cuts inside a NASNet
-    # cell cross many tensors, and that comb of costly cuts makes chain.py try most splits.
+    # level by chain.py (about N^2 per worker split). (A DAG's prefixes are not all its states.)
     if _is_chain(problem):
         masks, maxima, moves = prefix_downsets(problem)
         if chain_work(len(masks), config.workers, config.straight) <= config.max_range_work:

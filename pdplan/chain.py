@@ -244,15 +244,20 @@ def _last_stage(
         cols = np.arange(width, dtype=np.int64)
         first = (rows[i0:i1] - a0 + 1)[:, None]
         lb = rev[:, ::-1]
-        # reach[c]: where low[c] first occurs; low[c] is u's minimum over [c, b) only once b > reach[c].
-        record = np.where(ub <= lb, cols, width)
-        reach = np.minimum.accumulate(record[:, ::-1], axis=1)[:, ::-1]
+        # low[c] is u's minimum over [c, b) too when it is attained before b, i.e. when some
+        # record (u[j] <= low[j]) lies in [c, b): for c up to the last record before b.
+        # cut[b]: one past that record; the splits from it to b are tried one by one.
         cut = np.zeros(ub.shape, dtype=np.int64)
-        cut[:, 1:] = _counts_up_to(reach, width)[:, :-1]  # #{c : reach[c] < b}
+        cut[:, 1:] = np.maximum.accumulate(np.where(ub[:, :-1] <= lb[:, :-1], cols[1:], 0), axis=1)
         # cross: how many c have low[c] < E(c, b); they form a prefix (every c <= a < b counts).
         cross = _counts_up_to((pos[a0:, i0:i1] - a0).T, width)
         k1 = np.minimum(cross, cut) - 1  # the last crossed split before the cut
-        best = np.where(k1 >= first, hulls.at(r, fac, a0 + k1, a0 + cols), INF)
+        if hulls.dense:
+            flat = k1 * n1 + (a0 * n1 + a0 + cols)
+            e_k1 = hulls.matrix(r, fac).ravel()[flat]
+        else:
+            e_k1 = hulls.at(r, fac, a0 + k1, a0 + cols)
+        best = np.where(k1 >= first, e_k1, INF)
         nxt = np.maximum(k1 + 1, first)
         rowbase = (np.arange(i1 - i0, dtype=np.int64) * width + width - 1)[:, None]
         from_low = rev.ravel()[rowbase - np.minimum(nxt, width - 1)]
@@ -299,13 +304,20 @@ def _crossings(pre: Prefix, hulls: _Hulls, rows: IntArray, low_t: FloatArray, r:
 def _tail(
     hulls: _Hulls, u: FloatArray, best: FloatArray, length: IntArray, a0: int, r: int, fac: int
 ) -> None:
-    """Try the splits c = b - 1, b - 2, ... while ``length[i, b]`` allows (local columns).
+    """The splits c in [b - length, b) (local columns), after a bump of u.
 
-    A split's value is at least E(c, b), which only grows as c moves left: once it reaches
-    the best value found (the crossing's, or a later split's), no earlier split can win.
+    Short runs are tried one by one (a split's value is at least E(c, b), which only grows as
+    c moves left, so the walk stops once that reaches the best found). Long runs (a comb of
+    costly cuts) are bisected: over such a run ending at b, u's minimum over [c, b) rises
+    with c and E(c, b) falls, so their crossing is the best split.
     """
     width = best.shape[1]
     idx = np.flatnonzero(length > 0)
+    if not len(idx):
+        return
+    if int(length.flat[idx].max()) > _WALK:
+        _bisect_tail(hulls, u, best, length, idx, a0, r, fac)
+        return
     t = 1
     while len(idx):
         i, b = np.divmod(idx, width)
@@ -315,6 +327,58 @@ def _tail(
         best.flat[idx] = np.minimum(now, np.maximum(u[i, c], e))
         t += 1
         idx = idx[(length.flat[idx] >= t) & (e < now)]
+
+
+_WALK = 16  # tails longer than this are bisected
+
+
+def _run_min(
+    table: FloatArray, plane: int, span_of: IntArray, base: IntArray, c: IntArray, b: IntArray
+) -> FloatArray:
+    """The minimum of u[i, c..b-1] from the sparse table (two overlapping power-of-two spans)."""
+    p = span_of[b - c]
+    at = p * plane + base
+    return np.asarray(np.minimum(table[at + c], table[at + b - (1 << p)]), dtype=np.float64)
+
+
+def _bisect_tail(
+    hulls: _Hulls, u: FloatArray, best: FloatArray, length: IntArray, idx: IntArray, a0: int, r: int, fac: int
+) -> None:
+    rows, width = u.shape
+    span_of = np.zeros(width + 1, dtype=np.int64)  # floor(log2(k)) for k = 1..width
+    span_of[1:] = np.floor(np.log2(np.arange(1, width + 1))).astype(np.int64)
+    longest = int(length.flat[idx].max())
+    # mins[p][i, j]: the minimum of u[i, j .. j + 2^p - 1] (a sparse table, as deep as needed).
+    mins = [u]
+    span = 1
+    while 2 * span <= longest:
+        last = mins[-1]
+        step = last.copy()
+        np.minimum(last[:, :-span], last[:, span:], out=step[:, :-span])
+        mins.append(step)
+        span *= 2
+    table = np.stack(mins).ravel()
+    i, b = np.divmod(idx, width)
+    base = i * width
+    start = b - length.flat[idx]
+    lo, hi = start.copy(), b.copy()  # the first c whose run minimum is not below E(c, b)
+    while True:
+        act = np.flatnonzero(lo < hi)
+        if not len(act):
+            break
+        mid = (lo[act] + hi[act]) // 2
+        below = _run_min(table, rows * width, span_of, base[act], mid, b[act]) < hulls.at(
+            r, fac, a0 + mid, a0 + b[act]
+        )
+        lo[act] = np.where(below, mid + 1, lo[act])
+        hi[act] = np.where(below, hi[act], mid)
+    found = np.full(len(idx), INF)
+    crossed = lo - 1 >= start  # the last split still below E: its value is E
+    found[crossed] = hulls.at(r, fac, a0 + lo[crossed] - 1, a0 + b[crossed])
+    after = lo < b  # the first one past the crossing: its value is the run minimum
+    run = _run_min(table, rows * width, span_of, base, np.minimum(lo, b - 1), b)
+    found = np.minimum(found, np.where(after, run, INF))
+    best.flat[idx] = np.minimum(best.flat[idx], found)
 
 
 def _below_hull(

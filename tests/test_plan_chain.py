@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.bench_planner import synthetic_chain
+from pdplan import chain
 from pdplan.antichain import _space, build_space, prefix_downsets
 from pdplan.build import PlanConfig, level_specs, make_plan
 from pdplan.chain import Level, Prefix, is_chain, level_tables, plan_chain
@@ -22,9 +24,15 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 
 @st.composite
-def chains(draw: st.DrawFn) -> LayerGraph:
-    """Chains of up to 60 layers; small integer costs make ties (and hull dips) common."""
+def chains(draw: st.DrawFn, spiky: bool = False) -> LayerGraph:
+    """Chains of up to 60 layers; small integer costs make ties (and hull dips) common.
+
+    ``spiky``: a few very heavy layers and cuts that cost far more than the rest (runs of
+    costly cuts make the long runs of splits that are bisected).
+    """
     n = draw(st.integers(1, 60))
+    compute = st.sampled_from([0, 1, 2, 3, 40, 300]) if spiky else st.integers(0, 20)
+    acts = st.sampled_from([0, 1, 2, 10, 30, 400]) if spiky else st.integers(0, 8)
     nodes = [Node(id="in", op="input", forward_ms=0, backward_ms=0, activation_bytes=0, parameter_bytes=0)]
     edges = []
     prev = "in"
@@ -32,9 +40,9 @@ def chains(draw: st.DrawFn) -> LayerGraph:
         nodes.append(
             Node(
                 id=f"n{i}",
-                forward_ms=draw(st.integers(0, 20)),
+                forward_ms=draw(compute),
                 backward_ms=draw(st.integers(1, 20)),
-                activation_bytes=draw(st.integers(0, 8)) * 1e6,
+                activation_bytes=draw(acts) * 1e6,
                 parameter_bytes=draw(st.integers(0, 8)) * 2e6,
             )
         )
@@ -90,7 +98,12 @@ def test_every_range_table_equals_the_pair_dp(graph, cluster, memory, straight):
 
 
 @SETTINGS
-@given(chains(), clusters, st.sampled_from([None, 4e7, 1.2e8]), st.booleans())
+@given(
+    st.booleans().flatmap(lambda spiky: chains(spiky)),
+    clusters,
+    st.sampled_from([None, 4e7, 1.2e8]),
+    st.booleans(),
+)
 def test_optimum_and_layout_equal_the_pair_dp(graph, cluster, memory, straight):  # type: ignore[no-untyped-def]
     workers, bws = cluster
     specs = _specs(workers, bws, memory, straight)
@@ -125,3 +138,53 @@ def test_pdplan_plans_a_long_chain_exactly_on_three_levels() -> None:
     coarse = make_plan(graph, PlanConfig(workers=(4, 2, 4), bandwidths=(1e11, 1e10, 1e9), max_range_work=1e6))
     assert coarse.predicted is not None and coarse.predicted.search == "coarse-prefix"
     assert plan.predicted.time_per_minibatch_s <= coarse.predicted.time_per_minibatch_s * (1 + 1e-12)
+
+
+@SETTINGS
+@given(
+    st.booleans().flatmap(lambda spiky: chains(spiky)), clusters, st.sampled_from([None, 4e7]), st.booleans()
+)
+def test_bisected_tails_equal_the_pair_dp(graph, cluster, memory, straight):  # type: ignore[no-untyped-def]
+    # Long runs of splits after a bump (a comb of costly cuts) are bisected; force it everywhere.
+    workers, bws = cluster
+    specs = _specs(workers, bws, memory, straight)
+    with_pairs, pairless = _spaces(graph)
+    want = plan_levels(with_pairs, specs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chain, "_WALK", 0)
+        got = plan_chain(pairless, specs)
+    assert (want is None) == (got is None)
+    if want is not None and got is not None:
+        assert math.isclose(got.time_s, want.time_s, rel_tol=1e-9), (got.time_s, want.time_s)
+        assert [(a - 1, b - 1, ranks) for a, b, ranks in got.stages] == [
+            (fs.start, fs.end, fs.ranks) for fs in want.stages
+        ]
+
+
+class _Monotone:
+    """Stands in for chain._Hulls: E(c, b) = X_b - X_c, falling in c and rising in b."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+
+    def at(self, r: int, fac: int, c: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where(c < b, self.x[b] - self.x[c], np.inf)
+
+
+def test_bisected_tail_equals_walking_it() -> None:
+    # The two ways of trying the splits after a bump (walk, bisect) on random runs: the same values.
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        rows, width = int(rng.integers(1, 5)), int(rng.integers(2, 50))
+        u = rng.choice([0.2, 1.0, 3.0, 9.0], size=(rows, width)) * rng.random((rows, width))
+        hulls = _Monotone(np.cumsum(rng.choice([0.0, 0.1, 2.0], size=width) * rng.random(width)))
+        b = np.arange(width)[None, :]
+        length = np.minimum(rng.integers(0, width, size=(rows, width)), b)
+        start = np.where(rng.random((rows, width)) < 0.5, np.inf, rng.random((rows, width)) * 5)
+        walked, bisected = start.copy(), start.copy()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(chain, "_WALK", 10**9)
+            chain._tail(hulls, u, walked, length, 0, 1, 0)  # type: ignore[arg-type]
+            patch.setattr(chain, "_WALK", 0)
+            chain._tail(hulls, u, bisected, length, 0, 1, 0)  # type: ignore[arg-type]
+        assert np.array_equal(walked, bisected)
