@@ -25,7 +25,11 @@ Listing every split ``c`` costs N^3 per (m, r). Two facts make it about N^2:
   on which Umin rises and E falls, so the best is at their crossing. The crossing for b is
   found for all b at once: a split c crosses from the first b where ``E(c, b) > Umin(c)``
   (one ``searchsorted`` per c) and that b grows with c, so a count gives it for every b.
-  The few c past that prefix (just after a bump of U) are tried one by one.
+  The c past that prefix (just after a bump of U) are tried one by one, or bisected over a
+  sparse table of minima when the run is long (a comb of costly cuts).
+
+Cost: about 25 passes over the N^2 / 2 ranges per (m, r) of each inner level, plus N
+``searchsorted`` calls; the 2,000-layer chain on 8 x 8 x 16 takes 6-7 s of CPU and 1.2 GB.
 
 The values are the recurrence's own (each is some split's max of terms, computed with the
 same expressions as ``partition.solve``), so the tables equal the DP's; tests check that
