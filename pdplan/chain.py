@@ -181,6 +181,7 @@ class _Hulls:
     def __init__(self, pre: Prefix, level: Level, dense: bool) -> None:
         self.pre, self.level, self.dense = pre, level, dense
         self.dp = pre.params[None, :] - pre.params[:, None] if dense else None
+        self.dy: FloatArray | None = None  # stashed bytes of every range, for --memory
         self.by_r: dict[int, FloatArray] = {}
         self.last: tuple[int, int, FloatArray] | None = None
 
@@ -195,8 +196,9 @@ class _Hulls:
             return e
         if self.last is not None and self.last[:2] == (r, fac):
             return self.last[2]
-        dy = (self.dp + self.pre.acts[None, :]) - self.pre.acts[:, None]
-        masked = np.where(fac * dy > spec.memory, INF, e)
+        if self.dy is None:
+            self.dy = (self.dp + self.pre.acts[None, :]) - self.pre.acts[:, None]
+        masked = np.where(fac * self.dy > spec.memory, INF, e)
         self.last = (r, fac, masked)
         return masked
 
