@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pdplan.problem import Problem
-from pdplan.statecount import TooWide, frontier_order
+from pdplan.statecount import TooWide, frontier_order, frontier_steps
 
 # A key: per frontier node 0 (outside D) or 2 * piece + (1 if already in the cut), then the
 # cut's size so far, then 1 if D has closed.
@@ -116,22 +116,12 @@ def widest_within(problem: Problem, max_states: int, max_work: int | None = None
 
 def _forward(problem: Problem, width: int, max_work: int | None) -> _Run:
     order = frontier_order(problem)
-    remaining = [len(s) for s in problem.succs]
-    frontier: list[int] = []
     table: dict[Key, int] = {(0, 0): 1}  # no frontier, empty cut, open
     ids: dict[Key, int] = {(0, 0): 0}
     layers: list[_Layer] = []
     work = 0
-    for step, v in enumerate(order):
-        slots = {u: i for i, u in enumerate(frontier)}
-        pred_slots = [slots[p] for p in problem.preds[v]]
-        for p in problem.preds[v]:
-            remaining[p] -= 1
-        keep = [i for i, u in enumerate(frontier) if remaining[u] > 0]
-        frontier = [frontier[i] for i in keep]
-        stays = bool(problem.succs[v])
-        if stays:
-            frontier.append(v)
+    for st in frontier_steps(problem, order):
+        step, v, keep, pred_slots, stays = st.step, st.node, st.keep, st.pred_slots, st.stays
         nxt = _Next(width)
         for key, ways in table.items():
             old = ids[key]

@@ -27,6 +27,7 @@ keys): NASNet-Large's 5.8e12 states need a frontier of 14 nodes and at most 4,89
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pdplan.problem import Problem
@@ -107,20 +108,10 @@ def count_states(problem: Problem, order: list[int] | None = None, max_work: int
     order = frontier_order(problem) if order is None else order
     if order[0] != problem.first_source:
         raise ValueError(f"order must start at the first source {problem.first_source}, not {order[0]}")
-    remaining = [len(s) for s in problem.succs]
-    frontier: list[int] = []  # decided nodes with an undecided successor, in key order
     table: dict[Key, int] = {(0,): 1}  # nothing decided: no frontier, not closed
     widest, largest, work = 0, 1, 0
-    for step, v in enumerate(order):
-        slots = {u: i for i, u in enumerate(frontier)}
-        pred_slots = [slots[p] for p in problem.preds[v]]
-        for p in problem.preds[v]:
-            remaining[p] -= 1
-        keep = [i for i, u in enumerate(frontier) if remaining[u] > 0]
-        frontier = [frontier[i] for i in keep]
-        stays = bool(problem.succs[v])
-        if stays:
-            frontier.append(v)
+    for st in frontier_steps(problem, order):
+        step, keep, pred_slots, stays = st.step, st.keep, st.pred_slots, st.stays
         nxt: dict[Key, int] = {}
         for key, ways in table.items():
             labels, closed = key[:-1], key[-1]
@@ -132,11 +123,46 @@ def count_states(problem: Problem, order: list[int] | None = None, max_work: int
             if joined is not None:
                 _add(nxt, joined, ways)
         table = nxt
-        widest, largest, work = max(widest, len(frontier)), max(largest, len(table)), work + len(table)
+        widest, largest, work = max(widest, st.width), max(largest, len(table)), work + len(table)
         if max_work is not None and work > max_work:
             raise TooWide(f"counting states: past {max_work} key updates at node {step} of {len(order)}")
     # Everything decided: the frontier is empty, and D has closed exactly when it is connected.
     return StateCount(states=table.get((1,), 0), frontier=widest, table=largest)
+
+
+@dataclass(frozen=True)
+class FrontierStep:
+    """Deciding node ``node`` (the ``step``-th of the order), as the frontier DPs see it.
+
+    ``pred_slots``: the node's predecessors' places in the frontier before the step;
+    ``keep``: the places of the frontier nodes that stay (they still have an undecided
+    successor); ``stays``: the node itself joins the frontier, last; ``width``: the
+    frontier's size after the step.
+    """
+
+    step: int
+    node: int
+    pred_slots: list[int]
+    keep: list[int]
+    stays: bool
+    width: int
+
+
+def frontier_steps(problem: Problem, order: Sequence[int]) -> Iterator[FrontierStep]:
+    """The frontier (decided nodes with an undecided successor, in key order) along ``order``."""
+    remaining = [len(s) for s in problem.succs]
+    frontier: list[int] = []
+    for step, v in enumerate(order):
+        slots = {u: i for i, u in enumerate(frontier)}
+        pred_slots = [slots[p] for p in problem.preds[v]]
+        for p in problem.preds[v]:
+            remaining[p] -= 1
+        keep = [i for i, u in enumerate(frontier) if remaining[u] > 0]
+        frontier = [frontier[i] for i in keep]
+        stays = bool(problem.succs[v])
+        if stays:
+            frontier.append(v)
+        yield FrontierStep(step, v, pred_slots, keep, stays, len(frontier))
 
 
 def _add(table: dict[Key, int], key: Key | None, ways: int) -> None:
