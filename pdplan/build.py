@@ -25,6 +25,7 @@ from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
 from pdplan.hierarchy import plan_levels
 from pdplan.partition import LevelSpec
 from pdplan.problem import Problem, compress_series, prepare
+from pdplan.statecount import pipedream_states
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Cluster, Level, Plan, Prediction, Schedule, Stage, StagePrediction
@@ -41,6 +42,7 @@ class PlanConfig:
 
     workers: tuple[int, ...]
     bandwidths: tuple[float, ...]
+    latencies: tuple[float, ...] | None = None  # seconds per message per level (the schedule simulation only)
     memory: float | None = None
     straight: bool = False
     schedule: Schedule = "1f1b"
@@ -73,7 +75,16 @@ class PlanConfig:
                 raise UserError(f"--bandwidth: expected a positive finite number of bytes/s, got {b}")
         if self.memory is not None and not self.memory > 0:
             raise UserError(f"--memory: expected a positive number of bytes, got {self.memory}")
-        return [Level(workers=w, bandwidth=b) for w, b in zip(self.workers, self.bandwidths, strict=True)]
+        latencies = self.latencies if self.latencies is not None else (0.0,) * len(self.workers)
+        if len(latencies) != len(self.workers) or any(not 0 <= s < math.inf for s in latencies):
+            raise UserError(
+                f"--latency: expected {len(self.workers)} finite number(s) of seconds >= 0, one per level like "
+                f"--workers, got {','.join(f'{s:g}' for s in latencies)}"
+            )
+        return [
+            Level(workers=w, bandwidth=b, latency_s=s)
+            for w, b, s in zip(self.workers, self.bandwidths, latencies, strict=True)
+        ]
 
 
 def level_specs(config: PlanConfig, levels: list[Level]) -> list[LevelSpec]:
@@ -178,6 +189,9 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         states=space.size,
         search=space.search,
         solve_s=solve_s,
+        # The exact size of PipeDream's state space beside the states searched: counted by a frontier
+        # DP (statecount.py, ~1.3 s for NASNet-Large's 5.8e12), never enumerated; None past its budget.
+        antichain_states=pipedream_states(base),
     )
     return Plan(
         graph_hash=graph.structure_hash(),

@@ -5,14 +5,11 @@ from __future__ import annotations
 import click
 
 from pdplan.build import COST_MODELS, PlanConfig, make_plan
-from pdplan.problem import prepare
 from pdplan.report import search_text, simulated_text, with_simulation
-from pdplan.statecount import pipedream_states
 from shared.cli import console
-from shared.errors import UserError
-from shared.graph import LayerGraph, load_graph
+from shared.graph import load_graph
 from shared.io import display_name, write_output
-from shared.plan import SCHEDULES, Plan, plan_json
+from shared.plan import SCHEDULES, plan_json
 
 
 def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
@@ -122,10 +119,10 @@ def plan(
         microbatches=microbatches,
         cost_model=cost_model,
         max_states=max_states,
+        latencies=None if latency is None else tuple(float(s) for s in _numbers(latency, "--latency", float)),
     )
-    latencies = _latencies(latency, len(config.workers))
     g = load_graph(graph)
-    p = with_simulation(_with_latency(_with_state_count(make_plan(g, config), g), latencies), g)
+    p = with_simulation(make_plan(g, config), g)
     write_output(plan_json(p), out)
     pred = p.predicted
     assert pred is not None
@@ -140,31 +137,3 @@ def plan(
     )
 
 
-def _latencies(text: str | None, levels: int) -> list[float]:
-    if text is None:
-        return [0.0] * levels
-    values = [float(v) for v in _numbers(text, "--latency", float)]
-    if len(values) != levels or any(not 0 <= v < float("inf") for v in values):
-        raise UserError(
-            f"--latency: expected {levels} finite number(s) of seconds >= 0, one per level like --workers, got {text!r}"
-        )
-    return values
-
-
-def _with_latency(p: Plan, latencies: list[float]) -> Plan:
-    if p.cluster is None or not any(latencies):
-        return p
-    levels = [lv.model_copy(update={"latency_s": s}) for lv, s in zip(p.cluster.levels, latencies, strict=True)]
-    return p.model_copy(update={"cluster": p.cluster.model_copy(update={"levels": levels})})
-
-
-def _with_state_count(p: Plan, graph: LayerGraph) -> Plan:
-    """The plan with the exact size of PipeDream's state space, beside the states the DP searched.
-
-    Counted (pdplan/statecount.py, about 2 s for NASNet-Large) rather than enumerated, so a
-    plan over prefixes or a compressed DAG still says how much larger the full space is.
-    """
-    if p.predicted is None:
-        return p
-    total = pipedream_states(prepare(graph.to_networkx()))
-    return p.model_copy(update={"predicted": p.predicted.model_copy(update={"antichain_states": total})})
