@@ -8,10 +8,18 @@ same weight version is then used to compute the weight update and upstream weigh
 gradient in the minibatch's backward pass."
 
 Version ``v`` of a stage is its weights after ``v`` optimizer steps. A forward *acquires*
-a version (a detached copy of the weights, shared by every unit that runs on the same
-version) and its backward *releases* it; the autograd graph built on the copy is what the
+a version (tensors holding the weights, shared by every unit that runs on the same
+version) and its backward *releases* it; the autograd graph built on them is what the
 backward differentiates, so the backward sees exactly the forward's weights while the
-optimizer keeps updating the live ones. With vertical sync a unit names the version the
+optimizer keeps updating the live ones.
+
+The latest version is copied lazily. Its tensors first share the live parameters' memory
+(``p.data``: the same storage under a version counter of its own); only when a step is
+about to overwrite that memory while a unit still holds the version do the live
+parameters move to a fresh copy, leaving the old memory to the version. So a stage whose
+every backward comes before the next step (the last stage, one worker) never copies its
+weights, and an earlier stage copies them once per step, not once per version acquired. A
+backward's gradients move onto the live weights rather than being copied. With vertical sync a unit names the version the
 input stage used, and this stage must still hold it: every pre-step version is kept until
 no later unit can ask for it.
 """
@@ -40,6 +48,7 @@ class WeightVersions:
         self.refs: Counter[int] = Counter()
         self.floor = 0  # versions below this are never named again (vertical sync)
         self.max_held = 0
+        self.aliased: int | None = None  # the version whose tensors share the live parameters' memory
 
     def acquire(self, number: int | None = None) -> tuple[int, Params]:
         """A version for a forward: the latest, or ``number`` (vertical sync)."""
@@ -53,9 +62,9 @@ class WeightVersions:
         if number not in self.versions:
             if number != self.latest:
                 raise RunError(f"weight version {number} is no longer stashed (latest {self.latest})")
-            self.versions[number] = {
-                n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in self.live.items()
-            }
+            # Not a copy yet: the live memory, under its own version counter (before_step copies).
+            self.versions[number] = {n: p.data.requires_grad_(p.requires_grad) for n, p in self.live.items()}
+            self.aliased = number
         if self.history:
             self.floor = max(self.floor, number)
         self.refs[number] += 1
@@ -71,7 +80,7 @@ class WeightVersions:
                 continue
             live = self.live[name]
             if live.grad is None:
-                live.grad = tensor.grad.clone()
+                live.grad = tensor.grad  # the version's gradient is dropped below: move, not copy
             else:
                 live.grad.add_(tensor.grad)
             tensor.grad = None
@@ -79,12 +88,25 @@ class WeightVersions:
         self._prune()
 
     def before_step(self) -> None:
-        """With vertical sync, the version about to be replaced may still be named by a later unit."""
-        if self.stash and self.history and self.latest not in self.versions:
-            self.versions[self.latest] = {
+        """Keep the version the step replaces wherever a unit holds it, or (vertical sync) may name it."""
+        if not self.stash:
+            return
+        latest = self.latest
+        if self.aliased == latest and latest in self.versions:
+            if self.refs[latest] > 0 or self.history:
+                # The step writes the live memory in place: the live weights move to a copy and the
+                # version keeps the memory its units' autograd graphs saved.
+                with torch.no_grad():
+                    for p in self.live.values():
+                        p.data = p.data.clone()
+            else:
+                del self.versions[latest]  # nobody holds it, and it would change under the step
+        elif self.history and latest not in self.versions:
+            self.versions[latest] = {
                 n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in self.live.items()
             }
             self.max_held = max(self.max_held, len(self.versions))
+        self.aliased = None
 
     def stepped(self) -> None:
         self.latest += 1
