@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -49,6 +50,15 @@ def _broken(message: str) -> str | None:
         if what in message:
             return what.lower()
     return None
+
+
+@dataclass
+class PostedRecv:
+    """A message's receives, posted and not yet waited for: the header's buffer first, then the values'."""
+
+    src: int
+    tensors: list[torch.Tensor]
+    works: list[dist.Work]
 
 
 class Comm:
@@ -93,9 +103,24 @@ class Comm:
         self, buffers: Sequence[torch.Tensor], src: int, tag: int, unit: int, what: str
     ) -> tuple[int, list[torch.Tensor]]:
         """Receive a header and ``buffers``; returns (version, buffers). Checks the unit is the one expected."""
+        return self.wait(self.post(buffers, src, tag), unit, what)
+
+    def post(self, buffers: Sequence[torch.Tensor], src: int, tag: int) -> PostedRecv:
+        """Post the receives of a header and ``buffers`` now; ``wait`` for them later.
+
+        gloo moves a message only once its receive is posted (the sender's side waits for the
+        receiver's "ready"): a receive posted early lets the transfer run while this worker
+        computes, instead of after it asked for the data.
+        """
         header = torch.empty(2, dtype=torch.int64, device=self.wire)
         out = [header, *(b.to(self.wire) for b in buffers)]
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
+        return PostedRecv(src, out, works)
+
+    def wait(self, posted: PostedRecv, unit: int, what: str) -> tuple[int, list[torch.Tensor]]:
+        """Wait at most ``timeout`` for a posted receive; returns (version, buffers)."""
+        src, works, out = posted.src, posted.works, posted.tensors
+        header = out[0]
         deadline = time.monotonic() + self.timeout_s
         for work in works:
             left = max(deadline - time.monotonic(), 0.001)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
-from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm
+from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm, PostedRecv
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
 from pdrun.partition import Partition
@@ -26,6 +26,13 @@ from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, lea
 from pdrun.weights import Params, WeightVersions, fingerprint
 from shared.layout import input_to_channels_last
 from shared.schedule import Instr, Kind
+
+_RECEIVES = (Kind.RECV_ACT, Kind.RECV_GRAD)
+# Receives kept posted ahead of the instruction that waits for them. gloo moves a message only
+# once its receive is posted; posted when the worker gets there, every transfer (the receiver's
+# "ready", the sender's gloo thread waking up and writing) lay on the critical path. A few
+# covers a step of GPipe's receives; each holds one message's buffers.
+RECEIVES_AHEAD = 4
 
 
 @dataclass
@@ -135,6 +142,8 @@ class Worker:
         self.base = 0  # global index of the current program's unit 0
         self.fault = Fault.from_environ()  # testing: an injected failure
         self.inflight: dict[int, UnitState] = {}
+        self.posted: dict[int, PostedRecv] = {}  # receives posted ahead, by instruction index
+        self.at = 0  # the index of the instruction running
         self.inbox: dict[int, dict[str, Any]] = {}
         self.inbox_version: dict[int, int] = {}
         self.grads: dict[int, dict[str, list[torch.Tensor]]] = {}
@@ -164,7 +173,14 @@ class Worker:
         # A program ends on a step, so nothing is accumulated here: the first step's clock starts now,
         # not during setup or the previous epoch's validation.
         self.stats = StepStats(time.perf_counter())
-        for ins in instrs:
+        receives = [i for i, ins in enumerate(instrs) if ins.kind in _RECEIVES]
+        ahead = 0  # receives[:ahead] are posted (and maybe done)
+        for at, ins in enumerate(instrs):
+            # Keep the next receives posted, so that their transfers run while this worker computes.
+            while ahead < len(receives) and (receives[ahead] <= at or len(self.posted) < RECEIVES_AHEAD):
+                self.posted[receives[ahead]] = self._post(instrs[receives[ahead]])
+                ahead += 1
+            self.at = at
             t0 = time.perf_counter()
             wall0 = time.time()
             self.DISPATCH[ins.kind](ins)
@@ -319,13 +335,26 @@ class Worker:
         tensors = self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0]))
         self.comm.send(tensors, self.peers.rank(ins.peer), TAG_ACT)
 
+    def _post(self, ins: Instr) -> PostedRecv:
+        """Post the receives of a receive instruction, into buffers of the values' known shapes."""
+        assert ins.peer is not None
+        if ins.kind == Kind.RECV_ACT:
+            buffers = self._buffers(dict(self.part.receives(self.s))[ins.peer[0]])
+            return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_ACT)
+        names = self._grad_names(ins.peer[0])
+        buffers = [g.empty(self.device) for n in names for g in grad_specs(self.specs[n])]
+        return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_GRAD)
+
+    def _grad_names(self, b: int) -> list[str]:
+        """The values this stage sends to stage ``b`` that take a gradient back."""
+        return [n for n in dict(self.part.consumers(self.s))[b] if self.specs[n].requires_grad]
+
     def recv_act(self, ins: Instr) -> None:
         assert ins.peer is not None
         a = ins.peer[0]
         names = dict(self.part.receives(self.s))[a]
-        version, got = self.comm.recv(
-            self._buffers(names), self.peers.rank(ins.peer), TAG_ACT, self.base + ins.unit, "activations"
-        )
+        posted = self.posted.pop(self.at)
+        version, got = self.comm.wait(posted, self.base + ins.unit, "activations")
         self.inbox.setdefault(ins.unit, {}).update(self._unpack(names, got))
         if self.part.reads_input(a) or ins.unit not in self.inbox_version:
             self.inbox_version[ins.unit] = version
@@ -337,12 +366,9 @@ class Worker:
 
     def recv_grad(self, ins: Instr) -> None:
         assert ins.peer is not None
-        b = ins.peer[0]
-        names = [n for n in dict(self.part.consumers(self.s))[b] if self.specs[n].requires_grad]
-        buffers = [g.empty(self.device) for n in names for g in grad_specs(self.specs[n])]
-        _, got = self.comm.recv(
-            buffers, self.peers.rank(ins.peer), TAG_GRAD, self.base + ins.unit, "gradients"
-        )
+        names = self._grad_names(ins.peer[0])
+        posted = self.posted.pop(self.at)
+        _, got = self.comm.wait(posted, self.base + ins.unit, "gradients")
         box = self.grads.setdefault(ins.unit, {})
         it = iter(got)
         for n in names:
