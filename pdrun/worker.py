@@ -178,8 +178,14 @@ class Worker:
         for at, ins in enumerate(instrs):
             # Keep the next receives posted, so that their transfers run while this worker computes.
             while ahead < len(receives) and (receives[ahead] <= at or len(self.posted) < RECEIVES_AHEAD):
-                self.posted[receives[ahead]] = self._post(instrs[receives[ahead]])
+                t0 = time.perf_counter()
+                early = instrs[receives[ahead]]
+                self.posted[receives[ahead]] = self._post(early)
                 ahead += 1
+                # Posting is part of receiving: counted with the receive's kind (recv_wait_s, idle_s).
+                dt = time.perf_counter() - t0
+                self.stats.by_kind[early.kind] = self.stats.by_kind.get(early.kind, 0.0) + dt
+                self.stats.idle_s += dt
             self.at = at
             t0 = time.perf_counter()
             wall0 = time.time()
