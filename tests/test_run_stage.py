@@ -135,7 +135,8 @@ def test_weight_versions_share_copies_and_keep_what_vertical_sync_needs() -> Non
     versions = WeightVersions(module, stash=True)
     n0, p0 = versions.acquire()
     n1, p1 = versions.acquire()
-    assert n0 == n1 == 0 and p0 is p1 and versions.held() == 1  # no step between: one shared copy
+    assert n0 == n1 == 0 and p0 is p1 and versions.held() == 1  # no step between: one shared version
+    versions.before_step()  # as the worker does before every step: the held version keeps its memory
     with torch.no_grad():
         module.weight.add_(1.0)  # an optimizer step
     versions.stepped()
