@@ -43,7 +43,9 @@ def with_simulation(plan: Plan, graph: LayerGraph) -> Plan:
     if plan.predicted is None or plan.cluster is None:
         return plan
     sim = simulate_plan(graph, plan)
-    update = {"simulated_time_per_minibatch_s": sim.time_per_minibatch_s, "simulated_bubble": sim.bubble}
+    # The bubble is 1 - busy / total: clamp the float rounding of a bubble-free schedule (-5e-17).
+    bubble = min(1.0, max(0.0, sim.bubble))
+    update = {"simulated_time_per_minibatch_s": max(0.0, sim.time_per_minibatch_s), "simulated_bubble": bubble}
     return plan.model_copy(update={"predicted": plan.predicted.model_copy(update=update)})
 
 
