@@ -55,10 +55,11 @@ CASES = (
 class Config:
     steps: int = 60
     warmup: int = 10
+    runs: int = 3  # of each plan: the least disturbed counts
     cases: tuple[Case, ...] = CASES
 
 
-QUICK = Config(steps=6, warmup=2, cases=CASES[1:2])
+QUICK = Config(steps=6, warmup=2, runs=1, cases=CASES[1:2])
 
 
 def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, float]) -> dict[str, Any]:
@@ -77,14 +78,20 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
     predicted = plan.predicted.time_per_minibatch_s if plan.predicted else math.nan
     simulated = plan.predicted.simulated_time_per_minibatch_s if plan.predicted else None
     simulated = math.nan if simulated is None else simulated
-    done, _ = toolchain.pdrun(
-        plan_path, metrics, steps=cfg.steps + cfg.warmup, extra=["--no-val", "-q"],
-        bandwidth=case.bandwidth if case.emulate else None,
-    )
-    t = pdrun_timing(metrics, cfg.warmup)
-    # Per unit (minibatch): the median step, as the planner predicts the steady state; and the whole interval.
-    measured = plan.batch_size / t.steady_samples_per_s
-    whole = t.seconds / (t.samples / plan.batch_size)
+    # Time per unit (minibatch) = the timed interval over the units it trained (1 / throughput), the
+    # least disturbed of a few runs: on this shared VM the same run varies by +-12% from one to the next,
+    # and the noise only ever slows it down. (The median of per-step maxima over the ranks is kept
+    # beside it: in asynchronous 1F1B the ranks' steps do not line up, so that figure runs high.)
+    timings = []
+    for _ in range(cfg.runs):
+        done, _ = toolchain.pdrun(
+            plan_path, metrics, steps=cfg.steps + cfg.warmup, extra=["--no-val", "-q"],
+            bandwidth=case.bandwidth if case.emulate else None,
+        )
+        timings.append(pdrun_timing(metrics, cfg.warmup))
+    t = min(timings, key=lambda x: x.seconds / max(x.samples, 1))
+    median_step = plan.batch_size / t.steady_samples_per_s
+    measured = t.seconds / (t.samples / plan.batch_size)
     shape = " | ".join(f"{len(st.layers)} layers x{st.replicas}" for st in plan.stages)
     # Where a gap comes from: the bottleneck's compute as planned, and as measured (the busiest rank's
     # compute share of the interval times the time per unit); the rest is communication and waiting.
@@ -97,7 +104,7 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
         "predicted_ms": predicted * 1000,
         "simulated_ms": simulated * 1000,
         "measured_ms": measured * 1000,
-        "measured_whole_interval_ms": whole * 1000,
+        "measured_median_step_ms": median_step * 1000,
         "predicted_compute_ms": planned_compute * 1000,
         "measured_compute_ms": busiest * measured * 1000,
         "predicted_over_measured": predicted / measured if measured > 0 else math.nan,
@@ -109,8 +116,9 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
 def bench(work: Path, cfg: Config) -> Report:
     report = Report("predicted vs measured time per minibatch", "python -m bench.bench_predict")
     report.notes.append(
-        f"pdrun 1F1B, {cfg.steps} timed steps after {cfg.warmup} warm-up steps; measured = the median timed step "
-        "(the slowest rank's wall time) per unit, and beside it the whole interval's time per unit; predicted = the plan's "
+        f"pdrun 1F1B, {cfg.steps} timed steps after {cfg.warmup} warm-up steps, best of {cfg.runs} runs; measured = the "
+        "timed interval over the units it trained (1 / throughput), and beside it the median step (the slowest rank's "
+        "wall time) per unit; predicted = the plan's "
         "predicted.time_per_minibatch_s (the paper's bottleneck figure); simulated = predicted.simulated_time_per_minibatch_s "
         "(the plan's schedule simulated with the profiled costs, optimizer steps and transfers), the figure held to 10%"
     )

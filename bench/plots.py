@@ -71,12 +71,13 @@ def accuracy(rows: list[dict[str, Any]], target: float, path: Path) -> str:
 
 
 def prediction(rows: list[dict[str, Any]], path: Path) -> str:
-    """Predicted beside measured time per minibatch for each plan."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    """The paper's bottleneck figure and the schedule simulation beside the measured time per minibatch."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
     names = [r["case"] for r in rows]
     y = list(range(len(names)))
-    ax.barh([i + 0.2 for i in y], [r["predicted_ms"] for r in rows], height=0.4, label="predicted (pdplan)")
-    ax.barh([i - 0.2 for i in y], [r["measured_ms"] for r in rows], height=0.4, label="measured (pdrun)")
+    ax.barh([i + 0.27 for i in y], [r["predicted_ms"] for r in rows], height=0.27, label="paper's bottleneck (pdplan)")
+    ax.barh(y, [r.get("simulated_ms", float("nan")) for r in rows], height=0.27, label="schedule simulated (pdplan)")
+    ax.barh([i - 0.27 for i in y], [r["measured_ms"] for r in rows], height=0.27, label="measured (pdrun)")
     ax.set_yticks(y, names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms per minibatch")
