@@ -60,6 +60,16 @@ def _blocks(space: StateSpace) -> list[_Block]:
     return out
 
 
+def _bit_midpoint(lo: float, hi: float) -> float:
+    """The float halfway between two non-negative floats in their bit patterns (as ordered).
+
+    A geometric mean for normal numbers, and still a halving of what is left to search when
+    ``lo`` is 0 or either is subnormal, where ``sqrt(lo * hi)`` underflows.
+    """
+    a, b = np.array([lo, hi], dtype=np.float64).view(np.int64).tolist()
+    return float(np.array([(a + b) // 2], dtype=np.int64).view(np.float64)[0])
+
+
 class ThresholdSolver:
     """Bottleneck search over all antichain states of one level (no memory limit)."""
 
@@ -172,20 +182,33 @@ class ThresholdSolver:
         hi = self.cost(steps)
         # T >= C_last / N: every stage takes at least its compute over its replicas.
         lo = float(self.space.compute_s[self.space.last]) / self.level.workers * (1 - 1e-9)
+        lo = lo if lo > 0 else 0.0  # not -0.0: the midpoints read the sign bit
         self.tests = 0
-        while hi > 0 and hi > lo * (1 + _REL):
-            self.tests += 1
-            if hi <= lo * (1 + 1e-6):
+        # ``feasible`` tests ``X_k >= X_j - r t`` while ``cost`` sums the stage's own terms,
+        # so once t nears the rounding of X (or the costs are subnormal) the two can disagree
+        # by more than t: a "feasible" t whose plan costs more. The close step below would
+        # then creep down by _REL / 2 a test, and a halving from lo = 0 would walk ~1,075
+        # times through the subnormals, so after such a test only bit midpoints are tried:
+        # at most 64 more, whatever the scale.
+        trusted, zero_tried = True, lo > 0
+        while hi > lo * (1 + _REL):
+            if trusted and hi <= lo * (1 + 1e-6):
                 # Close: ask for a plan just below the best one; none means it is optimal.
                 mid = hi * (1 - _REL / 2)
             else:
-                mid = hi / 2 if lo <= 0 else (lo * hi) ** 0.5
+                mid = _bit_midpoint(lo, hi)
+            if mid <= lo:  # lo and hi are adjacent floats
+                if zero_tried:
+                    break
+                mid, zero_tried = 0.0, True  # lo = 0 is only a bound: an optimum of 0 is tested
+            self.tests += 1
             fits = self.feasible(mid)
             if fits[self.space.last, self.level.workers]:
                 cand = self.extract(fits, mid)
                 value = self.cost(cand)
                 if value <= hi:
                     steps = cand
+                trusted = trusted and value <= mid * (1 + _REL)
                 # The plan's own terms may exceed mid by an ulp of rounding; mid bounds the optimum.
                 hi = min(value, mid) if value > mid else value
             else:

@@ -13,7 +13,7 @@ from pdplan.antichain import _space, build_space, enumerate_downsets
 from pdplan.build import PlanConfig, make_plan
 from pdplan.hierarchy import plan_levels
 from pdplan.partition import LevelSpec
-from pdplan.problem import prepare
+from pdplan.problem import Problem, prepare
 from pdplan.threshold import ThresholdSolver
 from pdprof.pipedream_import import parse_pipedream
 from shared.graph import Edge, LayerGraph, Node
@@ -86,3 +86,28 @@ def test_pdplan_takes_the_bottleneck_search_past_the_pair_limit() -> None:
     assert math.isclose(
         small.predicted.time_per_minibatch_s, full.predicted.time_per_minibatch_s, rel_tol=1e-8
     )
+
+
+@pytest.mark.parametrize("activation", [5e-324, 1e-310, 0.0])
+def test_bisection_ends_when_the_optimum_is_subnormal_or_zero(activation: float) -> None:
+    # Zero compute makes the lower bound 0. A two-stage pipeline whose only cost is a
+    # subnormal transfer (or nothing) beats replicating one parameter: the search must
+    # reach that optimum exactly and stop (halving from 0 used to loop forever once 0 itself
+    # was infeasible and the upper bound was the smallest subnormal).
+    problem = Problem(
+        ids=["a", "b"],
+        compute_s=[0.0, 0.0],
+        parameter_bytes=[1.0, 0.0],
+        activation_bytes=[activation, 0.0],
+        preds=[[], [0]],
+        succs=[[1], []],
+        first_source=0,
+    )
+    found = enumerate_downsets(problem, 100)
+    assert found is not None
+    solver = ThresholdSolver(_space(problem, *found, "antichain", with_pairs=False), LevelSpec(2, 2.0, 1, None, False))
+    solved = solver.solve()
+    assert solved is not None
+    assert solved[0] == 2 * activation / 2.0
+    assert [st.replicas for st in solved[1]] == [1, 1]
+    assert solver.tests <= 70
