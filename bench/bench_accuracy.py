@@ -18,7 +18,6 @@ Run alone: ``python -m bench.bench_accuracy [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import pandas as pd
 
 from bench import toolchain
 from bench.baselines import Settings, run
-from bench.measure import Figure, Report
+from bench.measure import Figure, Report, work_args
 from shared.plan import load_plan
 from shared.resolve import resolve_dataset
 
@@ -135,13 +134,8 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve]]:
 
 
 def main(argv: list[str] | None = None) -> tuple[Report, list[Curve]]:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", default="bench/out")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    report, curves = bench(work, QUICK if args.quick else Config())
+    work, quick = work_args(__doc__, argv)
+    report, curves = bench(work, QUICK if quick else Config())
     report.tables["curves"] = [
         {"system": c.system, "link": c.link, "train_s": t, "val_accuracy": a} for c in curves for t, a in c.points
     ]

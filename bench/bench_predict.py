@@ -15,7 +15,6 @@ Run alone: ``python -m bench.bench_predict [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import toolchain
-from bench.measure import Figure, Report, check, pdrun_timing
+from bench.measure import Figure, Report, check, pdrun_timing, work_args
 from shared.plan import load_plan
 
 
@@ -146,13 +145,8 @@ def bench(work: Path, cfg: Config) -> Report:
 
 
 def main(argv: list[str] | None = None) -> Report:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", default="bench/out")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    report = bench(work, QUICK if args.quick else Config())
+    work, quick = work_args(__doc__, argv)
+    report = bench(work, QUICK if quick else Config())
     report.save(work / "bench_predict.json")
     return report
 

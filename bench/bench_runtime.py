@@ -12,7 +12,6 @@ Run alone: ``python -m bench.bench_runtime [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import pandas as pd
 
 from bench import toolchain
 from bench.baselines import Result, Settings, run
-from bench.measure import Figure, PdrunTiming, Report, check, pdrun_timing
+from bench.measure import Figure, PdrunTiming, Report, check, pdrun_timing, work_args
 from shared.plan import Plan, load_plan
 
 # pdrun runs: label -> (schedule, --memory-format). The "nchw" runs keep the contiguous layout the
@@ -232,13 +231,8 @@ def _efficiency(plan: Plan, t: PdrunTiming) -> tuple[float, float] | None:
 
 
 def main(argv: list[str] | None = None) -> Report:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--work", default="bench/out", help="where artifacts go")
-    parser.add_argument("--quick", action="store_true", help="a few steps only (a smoke run)")
-    args = parser.parse_args(argv)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    cfg = QUICK if args.quick else Config()
+    work, quick = work_args(__doc__, argv)
+    cfg = QUICK if quick else Config()
     report = bench(work, cfg)
     report.save(work / "bench_runtime.json")
     return report

@@ -8,6 +8,7 @@ after the warm-up, on the slowest rank.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -125,3 +126,14 @@ def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
         losses=[float(v) for v in loss_rows.to_list()],
         step_s=[float(v) for v in timed.groupby("step")["wall_s"].max().to_list()],
     )
+
+
+def work_args(doc: str | None, argv: list[str] | None) -> tuple[Path, bool]:
+    """A benchmark's command line, ``--work DIR`` (made if missing) and ``--quick``."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--work", default="bench/out", help="where artifacts go")
+    parser.add_argument("--quick", action="store_true", help="a few steps only (a smoke run)")
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    return work, bool(args.quick)

@@ -141,8 +141,19 @@ def prefix_downsets(problem: Problem) -> tuple[list[int], list[int], list[tuple[
     return masks, maxima, [(i, i + 1) for i in range(len(masks) - 1)]
 
 
+# Key updates allowed to the state count that decides whether to enumerate (~3 us each).
+COUNT_WORK = 1_000_000
+# ``build_space``'s count not given: it counts itself, within COUNT_WORK.
+UNCOUNTED = -1
+
+
 def build_space(
-    problem: Problem, max_states: int, max_pairs: int, pairless: bool = False, max_moves: int = 0
+    problem: Problem,
+    max_states: int,
+    max_pairs: int,
+    pairless: bool = False,
+    max_moves: int = 0,
+    count: int | None = UNCOUNTED,
 ) -> tuple[Problem, StateSpace]:
     """The states to search, and the problem they are over, in this order of preference:
 
@@ -154,13 +165,17 @@ def build_space(
        (with pairs, or ``NARROW_STATES`` for the pairless search), beside every prefix of a
        topological order, joined by their moves (so never worse than 5.);
     5. the prefixes of a topological order.
+
+    ``count`` is ``pipedream_states(problem)`` when the caller has it (None: too wide to count).
     """
     found = _fitting(problem, max_states, max_pairs)
     if found is not None:
         return problem, _space(problem, *found, "antichain")
     # Counting first spares a breadth-first search that would stop at max_states anyway
     # (NASNet-Large: 1.4 s to count 5.8e12, against 3.5 s to list 500,000 and give up).
-    if pairless and (pipedream_states(problem, COUNT_WORK) or 0) <= max_states:
+    if count == UNCOUNTED and pairless:
+        count = pipedream_states(problem, COUNT_WORK)
+    if pairless and (count or 0) <= max_states:
         every = enumerate_downsets(problem, max_states)
         if every is not None and len(every[2]) <= max_moves:
             return problem, _space(problem, *every, "antichain", with_pairs=False)
@@ -176,8 +191,6 @@ def build_space(
     return problem, _space(problem, *prefix_downsets(problem), "prefix")
 
 
-# Key updates allowed to the state count that decides whether to enumerate (~3 us each).
-COUNT_WORK = 1_000_000
 # The narrow search's size for the bottleneck search: NASNet-Large's 46,000 states (cuts of at
 # most 6 nodes) and 300,000 moves plan in ~10 s; its optimum is reached from 5 nodes on.
 NARROW_STATES = 60_000

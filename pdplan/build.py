@@ -103,13 +103,14 @@ def _range_work(space: StateSpace, config: PlanConfig) -> float:
     return space.size * per_start
 
 
-def _space(problem: Problem, config: PlanConfig) -> tuple[Problem, StateSpace]:
+def _space(problem: Problem, config: PlanConfig, count: int | None) -> tuple[Problem, StateSpace]:
     if len(config.workers) == 1:
         # The bottleneck search (threshold.py) needs no pairs: one level, no memory limit.
         # Its sweeps cost about moves x N^2 / 2 per step: past ~4e8, a smaller search.
         n = config.workers[0]
         max_moves = int(config.max_sweep_work / max(1, n * (n - 1) // 2))
-        return build_space(problem, config.max_states, config.max_pairs, config.memory is None, max_moves)
+        pairless = config.memory is None
+        return build_space(problem, config.max_states, config.max_pairs, pairless, max_moves, count)
     # A hierarchy solves every range at every inner level: exact over the antichain states (of
     # the DAG, then of its series-compressed form) while that fits the budget, else coarse.
     for candidate in (problem, compress_series(problem)):
@@ -142,7 +143,11 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
     levels = config.levels()
     began = time.perf_counter()
     base = prepare(graph.to_networkx())
-    problem, space = _space(base, config)
+    # The exact size of PipeDream's state space, reported beside the states searched and used to
+    # choose them: counted by a frontier DP (statecount.py, ~1.3 s for NASNet-Large's 5.8e12),
+    # never enumerated; None past its budget.
+    total_states = pipedream_states(base)
+    problem, space = _space(base, config, total_states)
     transfers = config.cost_model != "pipedream-compute"
     if not transfers:
         space.output_bytes[:] = 0.0
@@ -189,9 +194,7 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         states=space.size,
         search=space.search,
         solve_s=solve_s,
-        # The exact size of PipeDream's state space beside the states searched: counted by a frontier
-        # DP (statecount.py, ~1.3 s for NASNet-Large's 5.8e12), never enumerated; None past its budget.
-        antichain_states=pipedream_states(base),
+        antichain_states=total_states,
     )
     return Plan(
         graph_hash=graph.structure_hash(),
