@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 import click
 
 from pdrun import metrics, timeline
-from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig
+from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig, SendThread
 from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
@@ -64,6 +64,13 @@ from shared.plan import SCHEDULES, Plan, load_plan
     default="auto",
     show_default=True,
     help="Layout of 4-d activations; auto: channels-last for float32 CNNs on CPU (faster kernels; values equal up to float rounding).",
+)
+@click.option(
+    "--send-thread",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Post sends from a helper thread; auto: when the host has a core to spare for it (a GPU, or more cores than workers x --threads).",
 )
 @click.option(
     "--timeout",
@@ -129,6 +136,7 @@ def run(
     backend: Backend | None,
     dtype: Dtype,
     memory_format: MemoryFormat,
+    send_thread: SendThread,
     timeout_s: float,
     threads: int,
     no_val: bool,
@@ -168,6 +176,7 @@ def run(
         backend=backend,
         dtype=dtype,
         memory_format=memory_format,
+        send_thread=send_thread,
         timeout_s=timeout_s,
         threads=threads,
         validate=not no_val,

@@ -9,6 +9,7 @@ from typing import Literal
 from shared.layout import MemoryFormat
 
 Optimizer = Literal["sgd", "adam"]
+SendThread = Literal["auto", "on", "off"]
 Device = Literal["cpu", "cuda"]
 Backend = Literal["gloo", "nccl"]
 Dtype = Literal["float32", "float64"]
@@ -45,6 +46,8 @@ class RunConfig:
     dtype: Dtype = "float32"
     # 4-d activations channels-last (shared.layout); auto: float32 CNNs on CPU.
     memory_format: MemoryFormat = "auto"
+    # Sends posted by a helper thread; auto: when the host has a core to spare for it (comm.send_thread_pays).
+    send_thread: SendThread = "auto"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True
     # Testing only: keep per-unit version records and the final parameters in each worker's result.

@@ -20,6 +20,7 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
+    local_world_size: int = 1  # workers on this host (torchrun and pdrun's launcher set it)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -36,10 +37,11 @@ class DistEnv:
                 local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
                 master_addr=env["MASTER_ADDR"],
                 master_port=int(env["MASTER_PORT"]),
+                local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
             )
         except ValueError as exc:
             raise UserError(
-                f"worker environment: expected integers in RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT ({exc})"
+                f"worker environment: expected integers in RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_PORT ({exc})"
             ) from None
 
 

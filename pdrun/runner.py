@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pdrun import checkpoint
-from pdrun.comm import Comm
+from pdrun.comm import Comm, send_thread_pays
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
@@ -64,6 +64,7 @@ class WorkerResult:
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # testing: final weights (CPU)
     checkpoints: list[int] = field(default_factory=list)  # steps whose checkpoint this rank helped write
     resumed_from: int | None = None  # the step of the checkpoint this run started from
+    send_thread: bool = False  # its sends went through the helper thread (--send-thread)
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,14 @@ def _train(
         loss_fn=resolve_loss(spec.loss),
         optimizer=optimizer,
         versions=versions,
-        comm=Comm(env.rank, device, cfg.timeout_s, wire),
+        comm=Comm(
+            env.rank,
+            device,
+            cfg.timeout_s,
+            wire,
+            send_thread=cfg.send_thread == "on"
+            or (cfg.send_thread == "auto" and send_thread_pays(device, env.local_world_size, cfg.threads)),
+        ),
         group=group,
         device=device,
         dtype=dtype,
@@ -395,6 +403,7 @@ def _train(
         else {},
         checkpoints=written,
         resumed_from=resumed,
+        send_thread=worker.comm.poster is not None,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)

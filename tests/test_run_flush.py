@@ -6,11 +6,13 @@ Each test launches real workers (gloo over 127.0.0.1) and compares every paramet
 
 from __future__ import annotations
 
+import os
 from typing import Any, cast
 
 import pytest
 import torch
 
+from pdrun.comm import send_thread_pays
 from pdrun.config import Dtype, Optimizer, RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
@@ -148,17 +150,19 @@ def test_flush_equals_sequential(
 CNN = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 4}, data="zoo:mnist5k")
 
 CNN_CASES = [
-    # schedule, cuts, dtype, memory format: a 4-d activation and its gradient cross every boundary but the last
-    ("1f1b-flush", ["conv2"], "float32", "auto"),  # auto: channels-last (a float32 CNN on CPU)
-    ("gpipe", ["relu1", "conv2"], "float64", "channels-last"),
-    ("1f1b-flush", ["conv2"], "float64", "contiguous"),
+    # schedule, cuts, dtype, memory format, send thread: a 4-d activation and its gradient cross
+    # every boundary but the last; the sends go from a helper thread or from the worker itself.
+    ("1f1b-flush", ["conv2"], "float32", "auto", "on"),  # auto: channels-last (a float32 CNN on CPU)
+    ("gpipe", ["relu1", "conv2"], "float64", "channels-last", "off"),
+    ("1f1b-flush", ["conv2"], "float64", "contiguous", "on"),
+    ("1f1b-flush", ["conv2"], "float32", "auto", "off"),
 ]
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("schedule", "cuts", "dtype", "memory_format"), CNN_CASES)
+@pytest.mark.parametrize(("schedule", "cuts", "dtype", "memory_format", "send_thread"), CNN_CASES)
 def test_cnn_flush_equals_sequential_in_either_layout(
-    schedule: str, cuts: list[str], dtype: str, memory_format: str
+    schedule: str, cuts: list[str], dtype: str, memory_format: str, send_thread: str
 ) -> None:
     # Channels-last changes where activations sit in memory (and how they travel), not what they are.
     batch, microbatches = 16, 4
@@ -172,9 +176,12 @@ def test_cnn_flush_equals_sequential_in_either_layout(
         record=True,
         validate=False,
         memory_format=memory_format,  # type: ignore[arg-type]
+        send_thread=send_thread,  # type: ignore[arg-type]
     )
     results = launch(plan, cfg)
     assert results is not None and len(results) == len(cuts) + 1
+    assert [r.send_thread for r in results] == [send_thread == "on"] * len(results)
+    assert [r.send_thread for r in results] == [send_thread == "on"] * len(results)
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
     initial, want = sequential(
         CNN, steps=10, batch=batch * microbatches, seed=1, dtype=torch_dtype, lr=0.1, momentum=0.9
@@ -184,3 +191,12 @@ def test_cnn_flush_equals_sequential_in_either_layout(
     assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
     conv = got["conv2.weight"]  # (8, 4, 3, 3): one layout or the other, not both
     assert conv.is_contiguous(memory_format=torch.channels_last) == (memory_format != "contiguous")
+
+
+def test_a_send_thread_pays_only_with_a_core_to_spare() -> None:
+    cores = len(os.sched_getaffinity(0))
+    if cores > 1:
+        assert send_thread_pays(torch.device("cpu"), 1, cores - 1)
+    assert not send_thread_pays(torch.device("cpu"), cores, 1)
+    assert not send_thread_pays(torch.device("cpu"), 1, cores)
+    assert send_thread_pays(torch.device("cuda"), cores, 1)  # the worker's CPU mostly waits for the GPU
