@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.func import functional_call
 
 from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm, PostedRecv
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
+from pdrun.overlap import OverlappedAllReduce
 from pdrun.partition import Partition
 from pdrun.stage import StageModule
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
@@ -139,6 +139,11 @@ class Worker:
         self.trace = trace  # keep one timeline event per instruction
         self.channels_last = channels_last  # 4-d batch inputs go channels-last (shared.layout)
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
+        # Replicas: the gradient all-reduce, started in buckets during the backward (pdrun/overlap.py).
+        self.reducer = (
+            OverlappedAllReduce(versions.live, group, comm.wire, average_replicas) if group is not None else None
+        )
+        self.reduce_units: set[int] = set()  # the units whose backward an all-reduce follows
         self.base = 0  # global index of the current program's unit 0
         self.fault = Fault.from_environ()  # testing: an injected failure
         self.inflight: dict[int, UnitState] = {}
@@ -170,6 +175,7 @@ class Worker:
     def run(self, instrs: list[Instr], base: int) -> None:
         """Execute ``instrs`` (one worker's list); program unit ``u`` is global unit ``base + u``."""
         self.base = base
+        self.reduce_units = {ins.unit for ins in instrs if ins.kind is Kind.ALLREDUCE}
         # A program ends on a step, so nothing is accumulated here: the first step's clock starts now,
         # not during setup or the previous epoch's validation.
         self.stats = StepStats(time.perf_counter())
@@ -280,7 +286,16 @@ class Worker:
                     roots.append(value)
                     grads.append(g)
         if roots:
-            torch.autograd.backward(roots, grads)
+            armed = self.reducer is not None and u in self.reduce_units
+            if armed:
+                assert self.reducer is not None
+                self.reducer.arm(params)  # the all-reduce that follows starts during this backward
+            try:
+                torch.autograd.backward(roots, grads)
+            finally:
+                if armed:
+                    assert self.reducer is not None
+                    self.reducer.disarm()
         if self.record:
             self.version_log.append(
                 {
@@ -304,23 +319,8 @@ class Worker:
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
 
     def allreduce(self, ins: Instr) -> None:
-        params = [p for p in self.versions.live.values() if p.requires_grad]
-        if not params:
-            return  # every replica of this stage has none: no collective to join
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).to(self.comm.wire)
-        dist.all_reduce(flat, group=self.group)
-        flat = flat.to(self.device)
-        if self.average_replicas:
-            flat /= dist.get_world_size(self.group)
-        offset = 0
-        for p in params:
-            assert p.grad is not None
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
+        if self.reducer is not None:
+            self.reducer.finish()  # its buckets started during the backward (pdrun/overlap.py)
 
     def step(self, ins: Instr) -> None:
         self.versions.before_step()

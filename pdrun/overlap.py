@@ -1,0 +1,129 @@
+"""A replicated stage's gradient all-reduce, overlapped with the backward that completes it.
+
+One flat all-reduce after the backward left the whole collective on the critical path: on
+2 CPU cores a replicated MNIST CNN stage spent 3.7 ms a step in it (0.8 MB of gradients,
+gloo's ring exchanging halves over loopback), as long as half its backward. As DDP does,
+the parameters are cut into buckets in reverse order (the backward finishes the last
+layers' gradients first), and a bucket's all-reduce starts, asynchronously, as soon as
+the backward has accumulated all of its gradients; the earlier layers' backward runs
+while gloo's threads move it. The worker's ALLREDUCE instruction starts what is left and
+waits for all of it.
+
+Every replica starts the same buckets, of the same sizes, in the same order (bucket k only
+after bucket k-1): a collective's order is the only thing the replicas agree on. A bucket
+is started early only in the backward of the unit its ALLREDUCE instruction names, the
+last gradient accumulation before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pdrun.weights import Params
+
+# A bucket closes once it holds this many bytes (DDP's first bucket is 1 MB; a pipeline
+# stage's share of a model is smaller, and more buckets give the backward more to overlap).
+BUCKET_BYTES = 256 * 1024
+
+
+@dataclass
+class _Bucket:
+    names: list[str]
+    ready: set[str] = field(default_factory=set)
+    flat: torch.Tensor | None = None  # the gradients being reduced, once started
+    work: Any = None
+
+
+class OverlappedAllReduce:
+    """Buckets of a stage's parameters, reduced among its replicas during the backward."""
+
+    def __init__(self, live: dict[str, nn.Parameter], group: Any, wire: torch.device, average: bool) -> None:
+        self.live = live
+        self.group = group
+        self.wire = wire
+        self.average = average
+        self.buckets: list[_Bucket] = []
+        size = 0
+        for name in reversed([n for n, p in live.items() if p.requires_grad]):
+            if not self.buckets or size >= BUCKET_BYTES:
+                self.buckets.append(_Bucket([]))
+                size = 0
+            self.buckets[-1].names.append(name)
+            p = live[name]
+            size += p.numel() * p.element_size()
+        self.bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b.names}
+        self.started = 0  # buckets[:started] have their all-reduce in flight
+        self.handles: list[Any] = []
+        self._pending_grads: dict[str, torch.Tensor] = {}  # gradients the armed backward completed
+
+    def arm(self, params: Params) -> None:
+        """Start buckets as this backward completes their gradients (``params``: the tensors it differentiates)."""
+        self.disarm()
+        for name, tensor in params.items():
+            if name in self.bucket_of and tensor.requires_grad:
+                hook = tensor.register_post_accumulate_grad_hook(self._hook(name))  # type: ignore[no-untyped-call]
+                self.handles.append(hook)
+
+    def disarm(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _hook(self, name: str) -> Any:
+        def ready(tensor: torch.Tensor) -> None:
+            bucket = self.buckets[self.bucket_of[name]]
+            bucket.ready.add(name)
+            if tensor.grad is not None:
+                # The gradient as accumulated now: the worker moves it onto the live weights later.
+                self._pending_grads[name] = tensor.grad
+            self._start_ready()
+
+        return ready
+
+    def _start_ready(self) -> None:
+        while self.started < len(self.buckets):
+            bucket = self.buckets[self.started]
+            if len(bucket.ready) < len(bucket.names):
+                return
+            self._start(bucket)
+
+    def _start(self, bucket: _Bucket) -> None:
+        parts = []
+        for n in bucket.names:
+            g = self._pending_grads.get(n)
+            if g is None:
+                g = self.live[n].grad
+            parts.append((g if g is not None else torch.zeros_like(self.live[n])).reshape(-1))
+        bucket.flat = torch.cat(parts).to(self.wire)
+        bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        self.started += 1
+
+    def finish(self) -> None:
+        """Start every bucket not yet started (from the live gradients), wait for all, write them back."""
+        self.disarm()
+        while self.started < len(self.buckets):
+            self._start(self.buckets[self.started])
+        size = dist.get_world_size(self.group)
+        for bucket in self.buckets:
+            assert bucket.flat is not None
+            bucket.work.wait()
+            flat = bucket.flat.to(self.live[bucket.names[0]].device)
+            if self.average:
+                flat /= size
+            offset = 0
+            for n in bucket.names:
+                p = self.live[n]
+                numel = p.numel()
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(flat[offset : offset + numel].view_as(p))
+                offset += numel
+            bucket.ready.clear()
+            bucket.flat = bucket.work = None
+        self.started = 0
+        self._pending_grads = {}
