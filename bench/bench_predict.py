@@ -70,8 +70,18 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
         extra=["--concurrent", str(case.workers)],
     )
     bandwidth = case.bandwidth if case.bandwidth is not None else link[0]
+    # The emulated link sleeps in the sender (bench.slow_link): its sends block on any host. Otherwise
+    # pdplan's auto follows pdrun's rule for posting sends (a send thread when a core is spare).
     planned = toolchain.plan(
-        graph, plan_path, case.workers, bandwidth, "1f1b", 1, straight=case.straight, latency=link[1]
+        graph,
+        plan_path,
+        case.workers,
+        bandwidth,
+        "1f1b",
+        1,
+        straight=case.straight,
+        latency=link[1],
+        blocking_sends="yes" if case.emulate else None,
     )
     plan = load_plan(plan_path)
     predicted = plan.predicted.time_per_minibatch_s if plan.predicted else math.nan

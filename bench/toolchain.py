@@ -85,14 +85,17 @@ def plan(
     straight: bool = False,
     timeout_s: float = 120,
     latency: float | None = None,
+    blocking_sends: str | None = None,
 ) -> Call:
-    """``pdplan`` -> ``out`` (a stage plan)."""
+    """``pdplan`` -> ``out`` (a stage plan); ``blocking_sends``: auto (pdplan's default), yes or no."""
     cmd = [tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:.4g}"]
     cmd += ["--schedule", schedule, "--microbatches", str(microbatches)]
     if latency is not None:
         cmd += ["--latency", f"{latency:.3g}"]
     if straight:
         cmd.append("--straight")
+    if blocking_sends is not None:
+        cmd += ["--blocking-sends", blocking_sends]
     return call([*cmd, "-o", str(out)], timeout_s)
 
 

@@ -43,6 +43,7 @@ class PlanConfig:
     workers: tuple[int, ...]
     bandwidths: tuple[float, ...]
     latencies: tuple[float, ...] | None = None  # seconds per message per level (the schedule simulation only)
+    blocking_sends: bool = False  # a send keeps its worker busy for the transfer (the simulation only)
     memory: float | None = None
     straight: bool = False
     schedule: Schedule = "1f1b"
@@ -207,7 +208,11 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         in_flight=math.ceil(workers / stages[0].replicas),
         world_size=workers,
         cluster=Cluster(
-            levels=levels, memory_bytes=config.memory, straight=config.straight, cost_model=config.cost_model
+            levels=levels,
+            memory_bytes=config.memory,
+            straight=config.straight,
+            cost_model=config.cost_model,
+            blocking_sends=config.blocking_sends,
         ),
         stages=stages,
         predicted=predicted,

@@ -8,6 +8,7 @@ from pdplan.build import COST_MODELS, PlanConfig, make_plan
 from pdplan.report import search_text, simulated_text, with_simulation
 from shared.cli import console
 from shared.graph import load_graph
+from shared.host import send_thread_pays
 from shared.io import display_name, write_output
 from shared.plan import SCHEDULES, plan_json
 
@@ -77,6 +78,15 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     "simulation adds it to every transfer; the DP, as the paper's, does not.",
 )
 @click.option(
+    "--blocking-sends",
+    type=click.Choice(["auto", "yes", "no"]),
+    default="auto",
+    show_default=True,
+    help="Whether a send keeps its worker busy for the transfer (the schedule simulation only). auto: "
+    "yes for a CPU profile when this host has no core to spare beyond the first level's workers x the "
+    "profile's threads, the rule by which pdrun's workers then post their own sends (pdrun --send-thread).",
+)
+@click.option(
     "--max-states",
     type=click.IntRange(min=2),
     default=500_000,
@@ -96,6 +106,7 @@ def plan(
     microbatches: int | None,
     cost_model: str,
     latency: str | None,
+    blocking_sends: str,
     max_states: int,
     out: str | None,
 ) -> None:
@@ -110,8 +121,15 @@ def plan(
       pdplan graph.json --workers 4,2 --bandwidth 1e10,1e9 --memory 16e9
       pdprof import-pipedream vgg16.txt | pdplan --workers 16 --bandwidth 1e9 | pdplan show -
     """
+    g = load_graph(graph)
+    workers_per_level = tuple(int(w) for w in _numbers(workers, "--workers", int))
+    if blocking_sends == "auto":
+        # A GPU's or an imported profile's workers have cores for a send thread.
+        blocks = g.device == "cpu" and not send_thread_pays("cpu", workers_per_level[0], g.threads or 1)
+    else:
+        blocks = blocking_sends == "yes"
     config = PlanConfig(
-        workers=tuple(int(w) for w in _numbers(workers, "--workers", int)),
+        workers=workers_per_level,
         bandwidths=tuple(float(b) for b in _numbers(bandwidth, "--bandwidth", float)),
         memory=memory,
         straight=straight,
@@ -120,8 +138,8 @@ def plan(
         cost_model=cost_model,
         max_states=max_states,
         latencies=None if latency is None else tuple(float(s) for s in _numbers(latency, "--latency", float)),
+        blocking_sends=blocks,
     )
-    g = load_graph(graph)
     p = with_simulation(make_plan(g, config), g)
     write_output(plan_json(p), out)
     pred = p.predicted

@@ -19,7 +19,9 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
 - a message between stages a and b: the bytes of the values a sends b (each value once, as
   pdrun sends a skip connection straight to its consumer) over the bandwidth the two stages'
   ranks span, plus that level's ``latency_s`` (``pdplan --latency``), in both directions
-  (activations forward, gradients back).
+  (activations forward, gradients back). With the plan's ``cluster.blocking_sends`` a send
+  also keeps its sender busy that long, as when pdrun's CPU workers post their own sends
+  (no core to spare for a send thread) or the benchmarks emulate a slow link.
 
 The steady-state seconds per unit of that simulation is the plan's
 ``simulated_time_per_minibatch_s``; imported PipeDream profiles have no update or loss
@@ -102,7 +104,14 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         r = stage.replicas
         p = sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes)
         allreduce.append(4 * (r - 1) * p / (span_bandwidth(levels, stage.ranks) * r) if r > 1 else 0.0)
-    costs = Costs(forward=forward, backward=backward, transfer=transfer, allreduce=allreduce, step=step)
+    costs = Costs(
+        forward=forward,
+        backward=backward,
+        transfer=transfer,
+        allreduce=allreduce,
+        step=step,
+        blocking_sends=plan.cluster.blocking_sends,
+    )
     return costs, sorted(transfer)
 
 

@@ -44,21 +44,6 @@ def emulated_bandwidth() -> float | None:
     return bandwidth if bandwidth > 0 else None
 
 
-def send_thread_pays(device: torch.device, local_workers: int, threads: int) -> bool:
-    """Whether a helper thread for the sends pays off on this host.
-
-    It does when a core is free to run it: on a GPU (the worker's CPU mostly waits for the
-    device) or when the host has more cores than its workers' threads. Without a free core
-    the thread only takes turns with the worker's own, and each hand-off waits for the GIL,
-    which a forward holds: on 2 cores with 2 CPU workers, sending from the worker itself was
-    2-10% faster (1F1B-flush, GPipe and async 1F1B on the 2-stage CNN, A/B runs).
-    """
-    if device.type == "cuda":
-        return True
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores > local_workers * threads
-
-
 def _broken(message: str) -> str | None:
     """ "Connection reset" or "Connection closed" when gloo's error says the peer's connection broke."""
     for what in ("Connection reset", "Connection closed"):

@@ -46,7 +46,7 @@ class RunConfig:
     dtype: Dtype = "float32"
     # 4-d activations channels-last (shared.layout); auto: float32 CNNs on CPU.
     memory_format: MemoryFormat = "auto"
-    # Sends posted by a helper thread; auto: when the host has a core to spare for it (comm.send_thread_pays).
+    # Sends posted by a helper thread; auto: when the host has a core to spare for it (shared.host.send_thread_pays).
     send_thread: SendThread = "auto"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pdrun import checkpoint
-from pdrun.comm import Comm, send_thread_pays
+from pdrun.comm import Comm
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
@@ -35,6 +35,7 @@ from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
 from shared.errors import PDError, RunError, UserError
+from shared.host import send_thread_pays
 from shared.layout import module_to_channels_last, use_channels_last
 from shared.malloc import steady_malloc
 from shared.plan import Plan
@@ -299,7 +300,7 @@ def _train(
             cfg.timeout_s,
             wire,
             send_thread=cfg.send_thread == "on"
-            or (cfg.send_thread == "auto" and send_thread_pays(device, env.local_world_size, cfg.threads)),
+            or (cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)),
         ),
         group=group,
         device=device,

@@ -43,6 +43,10 @@ class Cluster(Strict):
     memory_bytes: float | None = Field(default=None, gt=0, description="memory per worker")
     straight: bool = Field(default=False, description="one replica per stage")
     cost_model: str = "pipedream"
+    blocking_sends: bool = Field(
+        default=False,
+        description="a send keeps its worker busy for the transfer (the schedule simulation only)",
+    )
 
     @property
     def workers(self) -> int:

@@ -2,7 +2,7 @@
 
 The same instruction lists that pdrun executes run here against a clock: forwards and
 backwards take their stage's seconds, sends are non-blocking and arrive after the edge's
-transfer time, receives block until their message has arrived, an all-reduce waits for
+transfer time (or, with ``blocking_sends``, keep the sender busy that long), receives block until their message has arrived, an all-reduce waits for
 every replica of its stage and then takes its cost, a step takes its cost. Timing is a
 max-plus recurrence over the program's dependencies, so the order in which workers are
 advanced does not change any figure. No torch: the planner and the benchmarks use it to
@@ -44,6 +44,8 @@ class Costs:
     transfer: Mapping[tuple[int, int], float] = field(default_factory=dict)
     allreduce: Sequence[float] = ()
     step: Sequence[float] = ()
+    # A send keeps its worker busy for the transfer (pdrun posting sends itself, an emulated link).
+    blocking_sends: bool = False
 
     @classmethod
     def uniform(
@@ -146,7 +148,7 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
                 arrived[key] = t + costs.link(w[0], ins.peer[0])
                 if key in waiting:
                     wake(waiting.pop(key))
-                end = t
+                end = arrived[key] if costs.blocking_sends else t
             elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
                 assert ins.peer is not None
                 key = (ins.kind.value[1], ins.peer, w, ins.unit)

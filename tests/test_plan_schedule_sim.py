@@ -18,6 +18,7 @@ from pdplan.cli import main
 from pdplan.report import with_simulation
 from pdplan.schedule_sim import simulate_plan, stage_costs
 from shared.graph import Edge, LayerGraph, Node, save_graph
+from shared.host import send_thread_pays
 from shared.plan import load_plan, save_plan
 
 FWD, BWD, UPD, OVERHEAD, LOSS_F, LOSS_B, DATA = 1.0, 2.0, 0.25, 0.1, 0.05, 0.15, 0.4  # milliseconds
@@ -125,7 +126,8 @@ def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:
     save_graph(g, tmp_path / "g.json")
     out = tmp_path / "p.json"
     args = ["plan", str(tmp_path / "g.json"), "--workers", "3", "--bandwidth", "1e9", "--straight",
-            "--schedule", "gpipe", "--microbatches", "4", "--latency", "2e-4", "-o", str(out)]
+            "--schedule", "gpipe", "--microbatches", "4", "--latency", "2e-4", "--blocking-sends", "no",
+            "-o", str(out)]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     p = load_plan(out)
@@ -135,5 +137,23 @@ def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:
     assert p.predicted is not None and p.predicted.simulated_time_per_minibatch_s is not None
     assert p.predicted.simulated_time_per_minibatch_s * 1000 == pytest.approx(step / 4, rel=1e-9)
     for bad in ("1e-3,1e-3", "-1", "inf"):
-        r = CliRunner().invoke(main, [a for a in args[:-4]] + ["--latency", bad])
+        r = CliRunner().invoke(main, [a for a in args[:-6]] + ["--latency", bad])
         assert r.exit_code == 2 and "--latency" in r.output, (bad, r.output)
+
+
+def test_blocking_sends_slow_the_simulation_and_auto_follows_pdrun(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = chain(3, extras=False)
+    save_graph(g, tmp_path / "g.json")
+    simulated = {}
+    for mode in ("no", "yes", "auto"):
+        out = tmp_path / f"{mode}.json"
+        args = ["plan", str(tmp_path / "g.json"), "--workers", "3", "--bandwidth", "1e9", "--straight",
+                "--schedule", "gpipe", "--microbatches", "4", "--blocking-sends", mode, "-o", str(out)]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        p = load_plan(out)
+        assert p.cluster is not None and p.predicted is not None
+        assert p.cluster.blocking_sends == (mode == "yes" or (mode == "auto" and not send_thread_pays("cpu", 3, 1)))
+        simulated[mode] = p.predicted.simulated_time_per_minibatch_s
+    assert simulated["yes"] > simulated["no"]
+    assert simulated["auto"] == simulated["yes" if not send_thread_pays("cpu", 3, 1) else "no"]

@@ -12,11 +12,11 @@ from typing import Any, cast
 import pytest
 import torch
 
-from pdrun.comm import send_thread_pays
 from pdrun.config import Dtype, Optimizer, RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
 from pdrun.runner import WorkerResult
+from shared.host import send_thread_pays
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
 
@@ -196,7 +196,7 @@ def test_cnn_flush_equals_sequential_in_either_layout(
 def test_a_send_thread_pays_only_with_a_core_to_spare() -> None:
     cores = len(os.sched_getaffinity(0))
     if cores > 1:
-        assert send_thread_pays(torch.device("cpu"), 1, cores - 1)
-    assert not send_thread_pays(torch.device("cpu"), cores, 1)
-    assert not send_thread_pays(torch.device("cpu"), 1, cores)
-    assert send_thread_pays(torch.device("cuda"), cores, 1)  # the worker's CPU mostly waits for the GPU
+        assert send_thread_pays("cpu", 1, cores - 1)
+    assert not send_thread_pays("cpu", cores, 1)
+    assert not send_thread_pays("cpu", 1, cores)
+    assert send_thread_pays("cuda", cores, 1)  # the worker's CPU mostly waits for the GPU

@@ -69,6 +69,27 @@ def test_transfer_allreduce_and_step_costs_add_where_they_occur() -> None:
     assert run.bubble == pytest.approx(0.0)
 
 
+def test_blocking_sends_keep_the_sender_busy_for_the_transfer() -> None:
+    # GPipe, 2 microbatches, 2 stages: stage 0 sends after each forward. Non-blocking, its second
+    # forward starts at once (t=1) and reaches stage 1 at 2.5; blocking, it starts after the first
+    # send (t=1.5), and its own send ends, and arrives, at 3.
+    program = build_program("gpipe", [1, 1], 2, microbatches=2)
+    base = {"forward": [1.0, 1.0], "backward": [1.0, 1.0], "transfer": {(0, 1): 0.5}}
+    free = run_timeline(program, Costs(**base))  # type: ignore[arg-type]
+    held = run_timeline(program, Costs(**base, blocking_sends=True))  # type: ignore[arg-type]
+
+    def ops(timeline, kind):  # type: ignore[no-untyped-def]
+        return [op for op in timeline.ops if op.worker == (0, 0) and op.instr.kind is kind]
+
+    assert [op.end - op.start for op in ops(free, Kind.SEND_ACT)] == [0.0, 0.0]
+    assert [op.end - op.start for op in ops(held, Kind.SEND_ACT)] == [0.5, 0.5]
+    assert [op.start for op in ops(free, Kind.FORWARD)] == [0.0, 1.0]
+    assert [op.start for op in ops(held, Kind.FORWARD)] == [0.0, 1.5]
+    second = [op for op in held.ops if op.worker == (1, 0) and op.instr.kind is Kind.FORWARD][1]
+    assert second.start == pytest.approx(3.0)
+    assert simulate(program, Costs(**base, blocking_sends=True)).makespan > simulate(program, Costs(**base)).makespan  # type: ignore[arg-type]
+
+
 def test_all_reduce_waits_for_the_slowest_replica() -> None:
     # replica 1 gets unit 1 only after unit 0's transfer... with a straight 2x1 pipeline at
     # unit costs the replica of unit 0 waits 2 slots at its first all-reduce (see the grid test)
