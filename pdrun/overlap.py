@@ -106,6 +106,9 @@ class OverlappedAllReduce:
     def finish(self) -> None:
         """Start every bucket not yet started (from the live gradients), wait for all, write them back."""
         self.disarm()
+        # The backward's gradients are on the live weights by now (WeightVersions.release), summed
+        # with any accumulated before it: the buckets still to start take those.
+        self._pending_grads = {}
         while self.started < len(self.buckets):
             self._start(self.buckets[self.started])
         size = dist.get_world_size(self.group)
@@ -126,4 +129,3 @@ class OverlappedAllReduce:
             bucket.ready.clear()
             bucket.flat = bucket.work = None
         self.started = 0
-        self._pending_grads = {}
