@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 import click
 
 from pdrun import metrics, timeline
-from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig, SendThread
+from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig, SendThread, Transport
 from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
@@ -71,6 +71,13 @@ from shared.plan import SCHEDULES, Plan, load_plan
     default="auto",
     show_default=True,
     help="Post sends from a helper thread; auto: when the host has a core to spare for it (a GPU, or more cores than workers x --threads).",
+)
+@click.option(
+    "--transport",
+    type=click.Choice(["auto", "gloo"]),
+    default="auto",
+    show_default=True,
+    help="How stages pass activations and gradients; auto: through shared memory when every rank runs on this host's CPU, else gloo.",
 )
 @click.option(
     "--timeout",
@@ -137,6 +144,7 @@ def run(
     dtype: Dtype,
     memory_format: MemoryFormat,
     send_thread: SendThread,
+    transport: Transport,
     timeout_s: float,
     threads: int,
     no_val: bool,
@@ -177,6 +185,7 @@ def run(
         dtype=dtype,
         memory_format=memory_format,
         send_thread=send_thread,
+        transport=transport,
         timeout_s=timeout_s,
         threads=threads,
         validate=not no_val,

@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from pdrun.shm import ShmLinks
 from shared.errors import RunError
 
 # Sends kept pending before the oldest is waited for (see Comm.reap): a message is a header and its
@@ -59,6 +60,8 @@ class PostedRecv:
     src: int
     tensors: list[torch.Tensor]
     works: list[dist.Work]
+    tag: int = 0
+    header_only: bool = False  # shared memory: only the header is posted; the values come from a slot
 
 
 class Comm:
@@ -71,6 +74,7 @@ class Comm:
         timeout_s: float,
         wire: torch.device | None = None,
         send_thread: bool = True,
+        shm: ShmLinks | None = None,
     ) -> None:
         self.rank = rank
         self.device = device
@@ -81,13 +85,21 @@ class Comm:
         self.pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
         self.bandwidth = emulated_bandwidth()
         self.send_thread = send_thread  # send_thread_pays: else the worker posts its own sends
+        self.shm = shm if self.bandwidth is None else None  # the emulated link sleeps per byte sent over gloo
         self.poster: _Poster | None = None  # started with the first send
 
     def header(self, unit: int, version: int) -> torch.Tensor:
-        return torch.tensor([unit, version], dtype=torch.int64, device=self.wire)
+        """The unit, the weight version, and where the values are: (-1, -1) after it over gloo, else
+        the sequence number and generation of a shared-memory link's message (pdrun/shm.py)."""
+        return torch.tensor([unit, version, -1, -1], dtype=torch.int64, device=self.wire)
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
         """Post the sends; the tensors stay referenced until the peer has them."""
+        if self.shm is not None and len(tensors) > 1:
+            seq, gen = self.shm.put(list(tensors[1:]), dst, tag)
+            header = tensors[0].clone()  # the values are in the link: only the header goes over gloo
+            header[2], header[3] = seq, gen
+            tensors = [header]
         held = [t.to(self.wire).contiguous() for t in tensors]
         if self.bandwidth is not None:
             # The emulated link blocks the sender, as the baselines' emulation does (docs/benchmarks.md).
@@ -121,16 +133,35 @@ class Comm:
         receiver's "ready"): a receive posted early lets the transfer run while this worker
         computes, instead of after it asked for the data.
         """
-        header = torch.empty(2, dtype=torch.int64, device=self.wire)
+        header = torch.empty(4, dtype=torch.int64, device=self.wire)
         out = [header, *(b.to(self.wire) for b in buffers)]
+        if self.shm is not None and out[1:]:
+            # The header says which message of the link holds the values.
+            work = dist.irecv(header, src=src, tag=tag)
+            return PostedRecv(src, out, [work] if work is not None else [], tag, header_only=True)
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
-        return PostedRecv(src, out, works)
+        return PostedRecv(src, out, works, tag)
 
     def wait(self, posted: PostedRecv, unit: int, what: str) -> tuple[int, list[torch.Tensor]]:
         """Wait at most ``timeout`` for a posted receive; returns (version, buffers)."""
-        src, works, out = posted.src, posted.works, posted.tensors
+        src, out = posted.src, posted.tensors
         header = out[0]
         deadline = time.monotonic() + self.timeout_s
+        self._wait_works(posted.works, deadline, src, unit, what)
+        if posted.header_only:
+            assert self.shm is not None
+            seq, gen = int(header[2].item()), int(header[3].item())
+            if seq < 0:
+                raise RunError(f"rank {self.rank}: {what} of unit {unit} from rank {src} came without its values")
+            self.shm.take(seq, gen, out[1:], src, posted.tag)
+        got = int(header[0].item())
+        if got != unit:
+            raise RunError(
+                f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}"
+            )
+        return int(header[1].item()), [t.to(self.device) for t in out[1:]]
+
+    def _wait_works(self, works: list[dist.Work], deadline: float, src: int, unit: int, what: str) -> None:
         for work in works:
             left = max(deadline - time.monotonic(), 0.001)
             try:
@@ -150,12 +181,6 @@ class Comm:
                 raise RunError(
                     f"rank {self.rank}: no {what} of unit {unit} from rank {src} within {self.timeout_s:g}s"
                 )
-        got = int(header[0].item())
-        if got != unit:
-            raise RunError(
-                f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}"
-            )
-        return int(header[1].item()), [t.to(self.device) for t in out[1:]]
 
     def reap(self) -> None:
         """Wait for the oldest sends once more than a few are pending, so their tensors can be freed.

@@ -10,6 +10,7 @@ from shared.layout import MemoryFormat
 
 Optimizer = Literal["sgd", "adam"]
 SendThread = Literal["auto", "on", "off"]
+Transport = Literal["auto", "gloo"]
 Device = Literal["cpu", "cuda"]
 Backend = Literal["gloo", "nccl"]
 Dtype = Literal["float32", "float64"]
@@ -48,6 +49,8 @@ class RunConfig:
     memory_format: MemoryFormat = "auto"
     # Sends posted by a helper thread; auto: when the host has a core to spare for it (shared.host.send_thread_pays).
     send_thread: SendThread = "auto"
+    # Messages between ranks: auto: shared memory when every rank is on this host's CPU (pdrun/shm.py).
+    transport: Transport = "auto"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True
     # Testing only: keep per-unit version records and the final parameters in each worker's result.

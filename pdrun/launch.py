@@ -127,7 +127,7 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
     )
     if config.start_method == "forkserver":
         _preload_forkserver()
-    with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher():
+    with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher(), _shm_swept(config.run_id if nodes.nnodes == 1 else None):
         try:
             run = replace(cfg, launcher_pid=os.getpid())
             out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), run, errdir)
@@ -140,6 +140,20 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
             raise Stopped(exc.sigval) from None
     result = out.get(0)
     return list(result) if result is not None else None
+
+
+@contextmanager
+def _shm_swept(run_id: str | None) -> Iterator[None]:
+    """Remove this run's shared-memory links (pdrun/shm.py) that a killed worker left behind.
+
+    Only for a run id of this launch's own (one machine); several machines share one, and use gloo.
+    """
+    try:
+        yield
+    finally:
+        if run_id is not None:
+            for path in Path("/dev/shm").glob(f"pdrun-{run_id}-*"):
+                path.unlink(missing_ok=True)
 
 
 def _preload_forkserver() -> None:

@@ -30,6 +30,7 @@ from pdrun.env import DistEnv
 from pdrun.faults import Fault
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
+from pdrun.shm import ShmLinks
 from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
@@ -154,8 +155,9 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
         failure = _joining_failed(env, cfg, exc)
         record_failure(errdir, env.rank, failure)
         raise failure from exc
+    links = shm_links(env, cfg, device)
     try:
-        out = _train(env, plan, cfg, stage_index, replica, device, dtype, t_start)
+        out = _train(env, plan, cfg, stage_index, replica, device, dtype, t_start, links)
         dist.barrier()  # leave together: no rank tears its connections down while a peer still uses them
         return out
     except dist.DistStoreError as exc:
@@ -171,7 +173,20 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
             time.sleep(PEER_LOST_GRACE_S)
         raise
     finally:
+        if links is not None:
+            links.close()
         dist.destroy_process_group()
+
+
+def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | None:
+    """Shared-memory links (pdrun/shm.py) when every rank runs on this host's CPU, else None (gloo)."""
+    if cfg.transport != "auto" or device.type != "cpu" or env.world_size < 2:
+        return None
+    if env.local_world_size != env.world_size or not Path("/dev/shm").is_dir():
+        return None
+    # A name every rank of this run derives alike, and no other run shares (its store's port).
+    job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}-{env.master_port}"
+    return ShmLinks(job, env.rank, cfg.timeout_s)
 
 
 def _chunks(length: int, base: int, every: int) -> list[int]:
@@ -243,6 +258,7 @@ def _train(
     device: torch.device,
     dtype: torch.dtype,
     t_start: float,
+    links: ShmLinks | None = None,
 ) -> list[WorkerResult] | None:
     spec = plan.spec
     if spec.model is None:
@@ -301,6 +317,7 @@ def _train(
             wire,
             send_thread=cfg.send_thread == "on"
             or (cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)),
+            shm=links,
         ),
         group=group,
         device=device,

@@ -150,19 +150,20 @@ def test_flush_equals_sequential(
 CNN = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 4}, data="zoo:mnist5k")
 
 CNN_CASES = [
-    # schedule, cuts, dtype, memory format, send thread: a 4-d activation and its gradient cross
-    # every boundary but the last; the sends go from a helper thread or from the worker itself.
-    ("1f1b-flush", ["conv2"], "float32", "auto", "on"),  # auto: channels-last (a float32 CNN on CPU)
-    ("gpipe", ["relu1", "conv2"], "float64", "channels-last", "off"),
-    ("1f1b-flush", ["conv2"], "float64", "contiguous", "on"),
-    ("1f1b-flush", ["conv2"], "float32", "auto", "off"),
+    # schedule, cuts, dtype, memory format, send thread, transport: a 4-d activation and its gradient
+    # cross every boundary but the last; the sends go from a helper thread or from the worker itself,
+    # the values through shared memory (auto, one host) or gloo.
+    ("1f1b-flush", ["conv2"], "float32", "auto", "on", "auto"),  # auto: channels-last (a float32 CNN on CPU)
+    ("gpipe", ["relu1", "conv2"], "float64", "channels-last", "off", "auto"),
+    ("1f1b-flush", ["conv2"], "float64", "contiguous", "on", "gloo"),
+    ("1f1b-flush", ["conv2"], "float32", "auto", "off", "gloo"),
 ]
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("schedule", "cuts", "dtype", "memory_format", "send_thread"), CNN_CASES)
+@pytest.mark.parametrize(("schedule", "cuts", "dtype", "memory_format", "send_thread", "transport"), CNN_CASES)
 def test_cnn_flush_equals_sequential_in_either_layout(
-    schedule: str, cuts: list[str], dtype: str, memory_format: str, send_thread: str
+    schedule: str, cuts: list[str], dtype: str, memory_format: str, send_thread: str, transport: str
 ) -> None:
     # Channels-last changes where activations sit in memory (and how they travel), not what they are.
     batch, microbatches = 16, 4
@@ -177,6 +178,7 @@ def test_cnn_flush_equals_sequential_in_either_layout(
         validate=False,
         memory_format=memory_format,  # type: ignore[arg-type]
         send_thread=send_thread,  # type: ignore[arg-type]
+        transport=transport,  # type: ignore[arg-type]
     )
     results = launch(plan, cfg)
     assert results is not None and len(results) == len(cuts) + 1
