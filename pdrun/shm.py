@@ -28,11 +28,14 @@ import torch
 from shared.errors import RunError
 
 _CONTROL = 64  # bytes: int64 slot_bytes, int64 slots, int64 done, padding
-SLOTS = 8  # messages a sender may be ahead of its receiver on one link
+SLOTS = 8  # messages a sender may be ahead of its receiver on one link (fewer where /dev/shm is small)
+
+
+SHM_DIR = Path("/dev/shm")
 
 
 def _path(job: str, src: int, dst: int, tag: int, gen: int) -> Path:
-    return Path("/dev/shm") / f"pdrun-{job}-{src}-{dst}-{tag}-{gen}"
+    return SHM_DIR / f"pdrun-{job}-{src}-{dst}-{tag}-{gen}"
 
 
 def _payload_bytes(tensors: list[torch.Tensor]) -> int:
@@ -111,12 +114,22 @@ class ShmLinks:
 
     def _create(self, dst: int, tag: int, slot_bytes: int, gen: int) -> _Link:
         path = _path(self.job, self.rank, dst, tag, gen)
-        size = _CONTROL + SLOTS * slot_bytes
+        # A tmpfs that fills up kills the writer with SIGBUS: take at most half of what is free (fewer
+        # slots for large messages), and say so clearly when not even two fit.
+        stat = os.statvfs(path.parent)
+        free = stat.f_bavail * stat.f_frsize
+        slots = min(SLOTS, (free // 2 - _CONTROL) // slot_bytes)
+        if slots < 2:
+            raise RunError(
+                f"rank {self.rank}: {path.parent} has {free / 1e6:.0f} MB free, too little for two "
+                f"{slot_bytes / 1e6:.1f} MB messages to rank {dst}; enlarge it or run with --transport gloo"
+            )
+        size = _CONTROL + slots * slot_bytes
         tmp = path.with_name(path.name + ".new")
         with open(tmp, "wb") as f:
             f.truncate(size)
         mem = torch.from_file(str(tmp), shared=True, size=size, dtype=torch.uint8)
-        mem[:_CONTROL].view(torch.int64)[:3] = torch.tensor([slot_bytes, SLOTS, 0])
+        mem[:_CONTROL].view(torch.int64)[:3] = torch.tensor([slot_bytes, slots, 0])
         os.replace(tmp, path)  # complete before the receiver can see it
         self.created.append(path)
         return _Link(path, mem, gen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -69,3 +70,13 @@ def test_a_missing_link_is_one_clear_error() -> None:
     _, receiver = _pair()
     with pytest.raises(RunError, match="cannot map rank 0's shared-memory link"):
         receiver.take(0, 0, [torch.empty(3)], 0, 1)
+
+
+def test_a_link_that_would_not_fit_in_dev_shm_is_refused_clearly() -> None:
+    # Filling tmpfs would kill the writer with SIGBUS: a link takes at most half of what is free.
+    stat = os.statvfs("/dev/shm")
+    too_big = stat.f_bavail * stat.f_frsize  # two slots of this could never fit in half of it
+    sender, _ = _pair()
+    with pytest.raises(RunError, match="too little for two"):
+        sender._create(1, 1, too_big, 0)
+    assert _names(sender.job) == []
