@@ -1,9 +1,12 @@
 """Point-to-point messages between workers: isend for sends, receives into buffers of known shape.
 
-A message is a header (the unit number and the weight version it ran on) followed by
-the values' tensors, in an order both ends derive from the plan. Sends never block the
-sender (their handles are kept until done); a receive waits at most ``timeout`` and then
-names the peer that never sent, so a broken pipeline fails instead of hanging.
+A message is a header (the unit number, the weight version it ran on, and where its values
+are) followed by the values' tensors, in an order both ends derive from the plan; between
+ranks on one host's CPU the values go through shared memory instead (``pdrun.shm``) and
+only the header over gloo. Sends are posted from a helper thread where a core is spare,
+else by the worker itself; their handles are kept until done. A receive waits at most
+``timeout`` and then names the peer that never sent, so a broken pipeline fails instead of
+hanging.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from pdrun.data import Units, datasets
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.partition import check_ranks, partition
 from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
+from pdrun.shm import remove_run_links
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
@@ -152,8 +153,7 @@ def _shm_swept(run_id: str | None) -> Iterator[None]:
         yield
     finally:
         if run_id is not None:
-            for path in Path("/dev/shm").glob(f"pdrun-{run_id}-*"):
-                path.unlink(missing_ok=True)
+            remove_run_links(run_id)
 
 
 def _preload_forkserver() -> None:

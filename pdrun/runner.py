@@ -30,7 +30,7 @@ from pdrun.env import DistEnv
 from pdrun.faults import Fault
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
-from pdrun.shm import ShmLinks
+from pdrun.shm import SHM_DIR, ShmLinks, run_job
 from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
@@ -182,10 +182,9 @@ def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | 
     """Shared-memory links (pdrun/shm.py) when every rank runs on this host's CPU, else None (gloo)."""
     if cfg.transport != "auto" or device.type != "cpu" or env.world_size < 2:
         return None
-    if env.local_world_size != env.world_size or not Path("/dev/shm").is_dir():
+    if env.local_world_size != env.world_size or not SHM_DIR.is_dir():
         return None
-    # A name every rank of this run derives alike, and no other run shares (its store's port).
-    job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}-{env.master_port}"
+    job = run_job(os.environ.get("TORCHELASTIC_RUN_ID", "run"), env.master_port)
     return ShmLinks(job, env.rank, cfg.timeout_s)
 
 

@@ -38,6 +38,17 @@ def _path(job: str, src: int, dst: int, tag: int, gen: int) -> Path:
     return SHM_DIR / f"pdrun-{job}-{src}-{dst}-{tag}-{gen}"
 
 
+def run_job(run_id: str, master_port: int) -> str:
+    """The links' name for one run: every rank derives it alike, and no other run shares its port."""
+    return f"{run_id}-{master_port}"
+
+
+def remove_run_links(run_id: str) -> None:
+    """Remove every link of the run ``run_id`` still named (a killed worker's; the launcher calls it)."""
+    for path in SHM_DIR.glob(f"pdrun-{run_id}-*"):
+        path.unlink(missing_ok=True)
+
+
 def _payload_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 

@@ -286,16 +286,14 @@ class Worker:
                     roots.append(value)
                     grads.append(g)
         if roots:
-            armed = self.reducer is not None and u in self.reduce_units
-            if armed:
-                assert self.reducer is not None
-                self.reducer.arm(params)  # the all-reduce that follows starts during this backward
+            reducer = self.reducer if u in self.reduce_units else None
+            if reducer is not None:
+                reducer.arm(params)  # the all-reduce that follows starts during this backward
             try:
                 torch.autograd.backward(roots, grads)
             finally:
-                if armed:
-                    assert self.reducer is not None
-                    self.reducer.disarm()
+                if reducer is not None:
+                    reducer.disarm()
         if self.record:
             self.version_log.append(
                 {
