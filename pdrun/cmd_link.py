@@ -10,9 +10,17 @@ from shared.cli import console
 
 
 @click.command("link")
-@click.option("--size", default=4 << 20, show_default=True, type=click.IntRange(min=9), metavar="BYTES",
-              help="The large message's size (use about your pipeline's cut).")
-@click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Round trips per size.")
+@click.option(
+    "--size",
+    default=4 << 20,
+    show_default=True,
+    type=click.IntRange(min=9),
+    metavar="BYTES",
+    help="The large message's size (use about your pipeline's cut).",
+)
+@click.option(
+    "--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Round trips per size."
+)
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
 def link(size: int, repeats: int, backend: str) -> None:
     """Measure the link between two pdrun workers on this machine (JSON on stdout).

@@ -155,7 +155,9 @@ class Comm:
             assert self.shm is not None
             seq, gen = int(header[2].item()), int(header[3].item())
             if seq < 0:
-                raise RunError(f"rank {self.rank}: {what} of unit {unit} from rank {src} came without its values")
+                raise RunError(
+                    f"rank {self.rank}: {what} of unit {unit} from rank {src} came without its values"
+                )
             self.shm.take(seq, gen, out[1:], src, posted.tag)
         got = int(header[0].item())
         if got != unit:

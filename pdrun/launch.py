@@ -128,7 +128,11 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
     )
     if config.start_method == "forkserver":
         _preload_forkserver()
-    with tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir, _quiet_launcher(), _shm_swept(config.run_id if nodes.nnodes == 1 else None):
+    with (
+        tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir,
+        _quiet_launcher(),
+        _shm_swept(config.run_id if nodes.nnodes == 1 else None),
+    ):
         try:
             run = replace(cfg, launcher_pid=os.getpid())
             out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), run, errdir)

@@ -50,7 +50,9 @@ def _work(work: dist.Work | None) -> dist.Work:
     return work
 
 
-def _worker(rank: int, port: int, sizes: list[int], repeats: int, backend: str, out: dict[int, float]) -> None:
+def _worker(
+    rank: int, port: int, sizes: list[int], repeats: int, backend: str, out: dict[int, float]
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
@@ -89,7 +91,9 @@ def measure(size: int = 4 << 20, repeats: int = 20, backend: str = "gloo") -> Li
         try:
             spawn(_worker, args=(_free_port(), sizes, repeats, backend, out), nprocs=2, join=True)  # type: ignore[no-untyped-call]
         except ProcessRaisedException as exc:
-            raise RunError(f"pdrun link: a probe process failed: {str(exc).strip().splitlines()[-1]}") from None
+            raise RunError(
+                f"pdrun link: a probe process failed: {str(exc).strip().splitlines()[-1]}"
+            ) from None
         times = tuple(float(out[s]) for s in sizes)
     extra = times[1] - times[0]
     bandwidth = (size - SMALL) / extra if extra > 0 else float("inf")

@@ -315,7 +315,9 @@ def _train(
             cfg.timeout_s,
             wire,
             send_thread=cfg.send_thread == "on"
-            or (cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)),
+            or (
+                cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)
+            ),
             shm=links,
         ),
         group=group,

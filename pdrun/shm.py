@@ -151,6 +151,8 @@ class ShmLinks:
             size = path.stat().st_size
             mem = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
         except (OSError, RuntimeError) as exc:
-            raise RunError(f"rank {self.rank}: cannot map rank {src}'s shared-memory link {path} ({exc})") from None
+            raise RunError(
+                f"rank {self.rank}: cannot map rank {src}'s shared-memory link {path} ({exc})"
+            ) from None
         path.unlink(missing_ok=True)
         return _Link(path, mem, gen)

@@ -141,7 +141,9 @@ class Worker:
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         # Replicas: the gradient all-reduce, started in buckets during the backward (pdrun/overlap.py).
         self.reducer = (
-            OverlappedAllReduce(versions.live, group, comm.wire, average_replicas) if group is not None else None
+            OverlappedAllReduce(versions.live, group, comm.wire, average_replicas)
+            if group is not None
+            else None
         )
         self.reduce_units: set[int] = set()  # the units whose backward an all-reduce follows
         self.base = 0  # global index of the current program's unit 0

@@ -130,7 +130,9 @@ def check_format(data: Any, source: str, expected: str) -> None:
         name = expected.split("/")[0]
         if isinstance(fmt, str) and fmt.split("/")[0] == name:
             raise ArtifactError(
-                source, "format", f"version {fmt!r} is not supported by this toolchain (expected {expected!r})"
+                source,
+                "format",
+                f"version {fmt!r} is not supported by this toolchain (expected {expected!r})",
             )
         raise ArtifactError(source, "format", f"expected {expected!r}, got {_short(fmt)}")
 

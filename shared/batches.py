@@ -23,7 +23,9 @@ def gather(
     if type(dataset) is TensorDataset and len(dataset.tensors) == 2:
         x, y = dataset.tensors
         # index_select, not x[indices]: the same rows in a third of the time (advanced indexing's setup).
-        return ((x.index_select(0, indices),) if inputs else ()), (y.index_select(0, indices) if target else None)
+        return ((x.index_select(0, indices),) if inputs else ()), (
+            y.index_select(0, indices) if target else None
+        )
     samples = [dataset[int(i)] for i in indices]
     got, labels = default_collate(samples)
     if not isinstance(got, (tuple, list)):

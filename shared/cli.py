@@ -58,7 +58,12 @@ class ToolGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
         rows = [
-            (name, self.commands[name].get_short_help_str(limit) if name in self.commands else self.lazy[name][1])
+            (
+                name,
+                self.commands[name].get_short_help_str(limit)
+                if name in self.commands
+                else self.lazy[name][1],
+            )
             for name in self.list_commands(ctx)
         ]
         if rows:
@@ -153,7 +158,9 @@ def parse_kv(pairs: Sequence[str], option: str) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise click.BadParameter(f"expected key=value with a Python name as key, got {pair!r}", param_hint=option)
+            raise click.BadParameter(
+                f"expected key=value with a Python name as key, got {pair!r}", param_hint=option
+            )
         try:
             out[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

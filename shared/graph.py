@@ -89,7 +89,9 @@ class LayerGraph(Strict):
         seen: dict[str, int] = {}
         for i, node in enumerate(self.nodes):
             if node.id in seen:
-                raise ValueError(f"nodes[{i}].id: duplicate node id {node.id!r} (also nodes[{seen[node.id]}])")
+                raise ValueError(
+                    f"nodes[{i}].id: duplicate node id {node.id!r} (also nodes[{seen[node.id]}])"
+                )
             seen[node.id] = i
         for i, edge in enumerate(self.edges):
             for end in ("source", "target"):

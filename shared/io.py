@@ -51,7 +51,9 @@ def read_text(source: str | os.PathLike[str], what: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ArtifactError(display_name(source), "", f"not UTF-8 text at byte {exc.start} (expected {what})") from None
+        raise ArtifactError(
+            display_name(source), "", f"not UTF-8 text at byte {exc.start} (expected {what})"
+        ) from None
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

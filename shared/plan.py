@@ -90,7 +90,8 @@ class Prediction(Strict):
     speedup_over_data_parallel: float | None = Field(default=None, ge=0)
     states: int | None = Field(default=None, ge=0, description="DP states explored")
     search: str | None = Field(
-        default=None, description="states searched: antichain (all), compressed, narrow, prefix or coarse-prefix"
+        default=None,
+        description="states searched: antichain (all), compressed, narrow, prefix or coarse-prefix",
     )
     solve_s: float | None = Field(default=None, ge=0, description="planner wall time")
     antichain_states: int | None = Field(
@@ -105,7 +106,9 @@ class Prediction(Strict):
         description="the plan's schedule simulated with the profiled costs, optimizer steps, loss and transfers: "
         "the steady-state time per minibatch pdrun should measure",
     )
-    simulated_bubble: float | None = Field(default=None, ge=0, le=1, description="idle share of the workers, simulated")
+    simulated_bubble: float | None = Field(
+        default=None, ge=0, le=1, description="idle share of the workers, simulated"
+    )
 
 
 class Plan(Strict):
@@ -187,7 +190,9 @@ def _short_list(items: list[int]) -> str:
     return str(items) if len(items) <= 8 else f"[{', '.join(map(str, items[:8]))}, ...]"
 
 
-def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan", world_size: int | None = None) -> None:
+def check_against_graph(
+    plan: Plan, graph: LayerGraph, source: str = "plan", world_size: int | None = None
+) -> None:
     """Refuse a plan that does not fit ``graph`` (and, when given, a launcher of ``world_size`` ranks).
 
     Checks, in order: the graph hash (a plan for another model), every plan layer is in the
@@ -198,7 +203,9 @@ def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan", wor
     owner = plan.stage_of()
     ids = [n.id for n in graph.nodes]
     id_set = set(ids)
-    foreign = next(((s, layer) for s, st in enumerate(plan.stages) for layer in st.layers if layer not in id_set), None)
+    foreign = next(
+        ((s, layer) for s, st in enumerate(plan.stages) for layer in st.layers if layer not in id_set), None
+    )
     missing = [i for i in ids if i not in owner]
     expected = graph.structure_hash()
     if plan.graph_hash != expected:
@@ -218,10 +225,15 @@ def check_against_graph(plan: Plan, graph: LayerGraph, source: str = "plan", wor
     if missing:
         g = graph.to_networkx()
         first = missing[0]
-        near = sorted({owner[p] for p in g.predecessors(first) if p in owner} | {owner[n] for n in g.successors(first) if n in owner})
+        near = sorted(
+            {owner[p] for p in g.predecessors(first) if p in owner}
+            | {owner[n] for n in g.successors(first) if n in owner}
+        )
         hint = f" (its neighbours are in stage(s) {near})" if near else ""
         more = f"; {len(missing) - 1} more layer(s) are missing too" if len(missing) > 1 else ""
-        raise PlanError(f"{source}: stages: layer {first!r} is in no stage{hint}; every layer needs one{more}")
+        raise PlanError(
+            f"{source}: stages: layer {first!r} is in no stage{hint}; every layer needs one{more}"
+        )
     for edge in graph.edges:
         a, b = owner[edge.source], owner[edge.target]
         if a > b:

@@ -128,7 +128,9 @@ def resolve_dataset(spec: str, args: dict[str, Any] | None = None) -> Any:
         fn = load_callable(spec, "dataset")
     data = call_with_args(fn, args, spec, "dataset")
     if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        raise SpecError(f"dataset spec {spec!r}: returned {type(data).__name__}, expected a map-style Dataset")
+        raise SpecError(
+            f"dataset spec {spec!r}: returned {type(data).__name__}, expected a map-style Dataset"
+        )
     try:
         size = len(data)
     except Exception as exc:  # a __len__ that raises or returns a negative number
@@ -179,7 +181,9 @@ def resolve_loss(spec: str) -> Callable[[Any, Any], Any]:
     if spec in BUILTIN_LOSSES:
         return BUILTIN_LOSSES[spec]
     if ":" not in spec:
-        raise SpecError(f"loss spec {spec!r}: expected {', '.join(BUILTIN_LOSSES)} or a callable spec ({FORMS})")
+        raise SpecError(
+            f"loss spec {spec!r}: expected {', '.join(BUILTIN_LOSSES)} or a callable spec ({FORMS})"
+        )
     fn = load_callable(spec, "loss")
     # A callable spec may be the loss itself, or a factory returning it (e.g. torch.nn.CrossEntropyLoss).
     if inspect.isclass(fn):
@@ -188,6 +192,8 @@ def resolve_loss(spec: str) -> Callable[[Any, Any], Any]:
         except Exception as exc:
             raise SpecError(f"loss spec {spec!r}: {fn.__name__}() failed: {_why(exc)}") from exc
         if not callable(loss):
-            raise SpecError(f"loss spec {spec!r}: {fn.__name__}() gave {type(loss).__name__}, expected a callable loss")
+            raise SpecError(
+                f"loss spec {spec!r}: {fn.__name__}() gave {type(loss).__name__}, expected a callable loss"
+            )
         return loss  # type: ignore[no-any-return]
     return fn

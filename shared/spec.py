@@ -21,7 +21,9 @@ class TraceOptions(Strict):
 class RunSpec(Strict):
     """The model, dataset and loss specs with their keyword arguments."""
 
-    model: str | None = Field(default=None, description="zoo:NAME, package.module:callable or file.py:callable")
+    model: str | None = Field(
+        default=None, description="zoo:NAME, package.module:callable or file.py:callable"
+    )
     model_args: dict[str, Any] = Field(default_factory=dict)
     data: str | None = Field(default=None, description="dataset spec, same forms as the model")
     data_args: dict[str, Any] = Field(default_factory=dict)

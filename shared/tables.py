@@ -81,13 +81,17 @@ def _check_columns(df: pd.DataFrame, fmt: TableFormat, source: str) -> None:
         bad_rows = (~np.isfinite(numbers)).nonzero()[0]
         if len(bad_rows):
             row = int(bad_rows[0])
-            raise ArtifactError(source, f"columns.{column}[{row}]", f"expected a finite number, got {numbers[row]}")
+            raise ArtifactError(
+                source, f"columns.{column}[{row}]", f"expected a finite number, got {numbers[row]}"
+            )
     for column in fmt.non_negative:
         numbers = df[column].to_numpy(dtype="float64")
         bad_rows = (~(numbers >= 0)).nonzero()[0]
         if len(bad_rows):
             row = int(bad_rows[0])
-            raise ArtifactError(source, f"columns.{column}[{row}]", f"expected a number >= 0, got {numbers[row]}")
+            raise ArtifactError(
+                source, f"columns.{column}[{row}]", f"expected a number >= 0, got {numbers[row]}"
+            )
 
 
 def _short(value: Any) -> str:
@@ -108,7 +112,9 @@ def table_bytes(df: pd.DataFrame, fmt: TableFormat, meta: dict[str, Any]) -> byt
     return buf.getvalue()
 
 
-def save_table(df: pd.DataFrame, path: str | os.PathLike[str], fmt: TableFormat, meta: dict[str, Any]) -> None:
+def save_table(
+    df: pd.DataFrame, path: str | os.PathLike[str], fmt: TableFormat, meta: dict[str, Any]
+) -> None:
     """Write a Parquet artifact atomically."""
     atomic_write_bytes(path, table_bytes(df, fmt, meta))
 
@@ -121,7 +127,9 @@ def load_table(source: str | os.PathLike[str], fmt: TableFormat) -> tuple[pd.Dat
         parquet = pq.ParquetFile(io.BytesIO(data))
         schema = parquet.schema_arrow
     except Exception as exc:  # pyarrow raises several types for a corrupt file
-        raise ArtifactError(name, "", f"not a readable Parquet file ({_reason(exc)}); expected {fmt.what}") from None
+        raise ArtifactError(
+            name, "", f"not a readable Parquet file ({_reason(exc)}); expected {fmt.what}"
+        ) from None
     seen: set[str] = set()
     for column in schema.names:
         if column in seen:
@@ -130,18 +138,24 @@ def load_table(source: str | os.PathLike[str], fmt: TableFormat) -> tuple[pd.Dat
     # The description first: a file that is not this artifact is named as such before its data is read.
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
-        raise ArtifactError(name, "metadata.pipedream", f"missing: not written by this toolchain ({fmt.name})")
+        raise ArtifactError(
+            name, "metadata.pipedream", f"missing: not written by this toolchain ({fmt.name})"
+        )
     try:
         description = json.loads(raw)
     except (ValueError, RecursionError):
-        raise ArtifactError(name, "metadata.pipedream", f"not valid JSON (expected {fmt.name}'s description)") from None
+        raise ArtifactError(
+            name, "metadata.pipedream", f"not valid JSON (expected {fmt.name}'s description)"
+        ) from None
     if not isinstance(description, dict) or description.get("format") != fmt.name:
         got = description.get("format") if isinstance(description, dict) else description
         raise ArtifactError(name, "metadata.pipedream.format", f"expected {fmt.name!r}, got {_short(got)}")
     try:
         df = parquet.read().to_pandas()
     except Exception as exc:  # damaged data pages, a damaged pandas block in the metadata, an odd column
-        raise ArtifactError(name, "", f"cannot read the table's columns ({_reason(exc)}); expected {fmt.what}") from None
+        raise ArtifactError(
+            name, "", f"cannot read the table's columns ({_reason(exc)}); expected {fmt.what}"
+        ) from None
     _check_columns(df, fmt, name)
     return df, description
 

@@ -156,7 +156,9 @@ def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
         inputs = tuple(dict.fromkeys(n.name for n in node.all_input_nodes))
         layers.append(Layer(node.name, OP_KIND[node.op], _target_name(node), inputs))
     if not any(layer.op != "input" for layer in layers):
-        raise TraceError(f"model {type(model).__name__}: tracing found no layers (does forward use its input?)")
+        raise TraceError(
+            f"model {type(model).__name__}: tracing found no layers (does forward use its input?)"
+        )
     return TracedModel(module, layers, outputs, options)
 
 

@@ -468,7 +468,9 @@ def test_nan_in_a_graph_is_named(tmp_path: Path) -> None:
     assert str(info.value) == f"{path}: nodes[0].forward_ms: Input should be a finite number (got NaN)"
 
 
-def test_a_full_disk_is_one_line_and_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_is_one_line_and_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
 
     path = tmp_path / "graph.json"

@@ -34,8 +34,16 @@ def _sequential_losses(s: Settings) -> list[float]:
 
 def test_pipelining_baseline_runs_and_matches_sequential() -> None:
     base = Settings(
-        model="zoo:resmlp", model_args={"width": 32, "depth": 2}, data="zoo:synthetic", data_args={"size": 96},
-        batch_size=16, microbatches=2, steps=3, warmup=0, lr=0.05, timeout_s=60,
+        model="zoo:resmlp",
+        model_args={"width": 32, "depth": 2},
+        data="zoo:synthetic",
+        data_args={"size": 96},
+        batch_size=16,
+        microbatches=2,
+        steps=3,
+        warmup=0,
+        lr=0.05,
+        timeout_s=60,
     )
     s = Settings(**{**base.__dict__, "stage_of": even_split(base, 2)})
     assert set(s.stage_of.values()) == {0, 1}

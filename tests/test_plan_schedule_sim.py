@@ -29,21 +29,39 @@ def chain(layers: int, extras: bool = True) -> LayerGraph:
     nodes = [Node(id="x", op="input", forward_ms=0, backward_ms=0, activation_bytes=ACT, parameter_bytes=0)]
     for i in range(layers):
         nodes.append(
-            Node(id=f"l{i}", forward_ms=FWD, backward_ms=BWD, update_ms=UPD, activation_bytes=ACT, parameter_bytes=4e3)
+            Node(
+                id=f"l{i}",
+                forward_ms=FWD,
+                backward_ms=BWD,
+                update_ms=UPD,
+                activation_bytes=ACT,
+                parameter_bytes=4e3,
+            )
         )
     ids = [n.id for n in nodes]
     edges = [Edge(source=a, target=b, bytes=ACT) for a, b in itertools.pairwise(ids)]
     graph = (
-        {"loss_forward_ms": LOSS_F, "loss_backward_ms": LOSS_B, "update_overhead_ms": OVERHEAD, "data_ms": DATA}
+        {
+            "loss_forward_ms": LOSS_F,
+            "loss_backward_ms": LOSS_B,
+            "update_overhead_ms": OVERHEAD,
+            "data_ms": DATA,
+        }
         if extras
         else {}
     )
     return LayerGraph(batch_size=8, nodes=nodes, edges=edges, graph=graph)
 
 
-def plan_for(graph: LayerGraph, workers: int, bandwidth: float, schedule: str = "1f1b", microbatches: int = 1):
+def plan_for(
+    graph: LayerGraph, workers: int, bandwidth: float, schedule: str = "1f1b", microbatches: int = 1
+):
     config = PlanConfig(
-        workers=(workers,), bandwidths=(bandwidth,), straight=True, schedule=schedule, microbatches=microbatches  # type: ignore[arg-type]
+        workers=(workers,),
+        bandwidths=(bandwidth,),
+        straight=True,
+        schedule=schedule,
+        microbatches=microbatches,  # type: ignore[arg-type]
     )
     return make_plan(graph, config)
 
@@ -76,7 +94,9 @@ def test_flush_schedules_take_the_fill_and_drain_formula(schedule: str, stages: 
     transfer = ACT / bandwidth * 1000
     step = (m + stages - 1) * (FWD + BWD) + 2 * (stages - 1) * transfer + UPD
     # (1F1B-flush still waits out its nanosecond transfers a few more times.)
-    assert sim.time_per_minibatch_s * 1000 == pytest.approx(step / m, rel=1e-9 if schedule == "gpipe" else 1e-3)
+    assert sim.time_per_minibatch_s * 1000 == pytest.approx(
+        step / m, rel=1e-9 if schedule == "gpipe" else 1e-3
+    )
 
 
 def test_async_1f1b_on_balanced_stages_reaches_the_bottleneck() -> None:
@@ -84,7 +104,9 @@ def test_async_1f1b_on_balanced_stages_reaches_the_bottleneck() -> None:
     p = plan_for(g, 4, 1e12)  # transfers cost nothing
     sim = simulate_plan(g, p)
     assert sim.time_per_minibatch_s * 1000 == pytest.approx(FWD + BWD + UPD, rel=1e-9)
-    assert p.predicted is not None and p.predicted.time_per_minibatch_s * 1000 == pytest.approx(FWD + BWD, rel=1e-9)
+    assert p.predicted is not None and p.predicted.time_per_minibatch_s * 1000 == pytest.approx(
+        FWD + BWD, rel=1e-9
+    )
 
 
 def test_a_slower_link_can_only_cost_more() -> None:
@@ -106,17 +128,34 @@ def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_p
     g = chain(4)
     save_graph(g, tmp_path / "g.json")
     out = tmp_path / "p.json"
-    r = CliRunner().invoke(main, ["plan", str(tmp_path / "g.json"), "--workers", "2", "--bandwidth", "1e9", "--straight", "-o", str(out)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            str(tmp_path / "g.json"),
+            "--workers",
+            "2",
+            "--bandwidth",
+            "1e9",
+            "--straight",
+            "-o",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     p = load_plan(out)
     assert p.predicted is not None and p.predicted.simulated_time_per_minibatch_s is not None
-    assert p.predicted.simulated_time_per_minibatch_s == pytest.approx(simulate_plan(g, p).time_per_minibatch_s)
+    assert p.predicted.simulated_time_per_minibatch_s == pytest.approx(
+        simulate_plan(g, p).time_per_minibatch_s
+    )
     assert "schedule simulated" in r.output
     # A hand edit (all layers on stage 0's side but one) changes what show --graph recomputes.
     edited = p.model_copy(update={"predicted": None})
     assert with_simulation(edited, g).predicted is None
     save_plan(p, tmp_path / "same.json")
-    shown = CliRunner().invoke(main, ["show", str(tmp_path / "same.json"), "--graph", str(tmp_path / "g.json")])
+    shown = CliRunner().invoke(
+        main, ["show", str(tmp_path / "same.json"), "--graph", str(tmp_path / "g.json")]
+    )
     assert shown.exit_code == 0, shown.output
     assert f"schedule simulated: {p.predicted.simulated_time_per_minibatch_s * 1000:.3f}" in shown.output
 
@@ -125,9 +164,25 @@ def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:
     g = chain(3, extras=False)
     save_graph(g, tmp_path / "g.json")
     out = tmp_path / "p.json"
-    args = ["plan", str(tmp_path / "g.json"), "--workers", "3", "--bandwidth", "1e9", "--straight",
-            "--schedule", "gpipe", "--microbatches", "4", "--latency", "2e-4", "--blocking-sends", "no",
-            "-o", str(out)]
+    args = [
+        "plan",
+        str(tmp_path / "g.json"),
+        "--workers",
+        "3",
+        "--bandwidth",
+        "1e9",
+        "--straight",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "4",
+        "--latency",
+        "2e-4",
+        "--blocking-sends",
+        "no",
+        "-o",
+        str(out),
+    ]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     p = load_plan(out)
@@ -147,13 +202,30 @@ def test_blocking_sends_slow_the_simulation_and_auto_follows_pdrun(tmp_path) -> 
     simulated = {}
     for mode in ("no", "yes", "auto"):
         out = tmp_path / f"{mode}.json"
-        args = ["plan", str(tmp_path / "g.json"), "--workers", "3", "--bandwidth", "1e9", "--straight",
-                "--schedule", "gpipe", "--microbatches", "4", "--blocking-sends", mode, "-o", str(out)]
+        args = [
+            "plan",
+            str(tmp_path / "g.json"),
+            "--workers",
+            "3",
+            "--bandwidth",
+            "1e9",
+            "--straight",
+            "--schedule",
+            "gpipe",
+            "--microbatches",
+            "4",
+            "--blocking-sends",
+            mode,
+            "-o",
+            str(out),
+        ]
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 0, r.output
         p = load_plan(out)
         assert p.cluster is not None and p.predicted is not None
-        assert p.cluster.blocking_sends == (mode == "yes" or (mode == "auto" and not send_thread_pays("cpu", 3, 1)))
+        assert p.cluster.blocking_sends == (
+            mode == "yes" or (mode == "auto" and not send_thread_pays("cpu", 3, 1))
+        )
         simulated[mode] = p.predicted.simulated_time_per_minibatch_s
     assert simulated["yes"] > simulated["no"]
     assert simulated["auto"] == simulated["yes" if not send_thread_pays("cpu", 3, 1) else "no"]

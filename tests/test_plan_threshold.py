@@ -105,7 +105,9 @@ def test_bisection_ends_when_the_optimum_is_subnormal_or_zero(activation: float)
     )
     found = enumerate_downsets(problem, 100)
     assert found is not None
-    solver = ThresholdSolver(_space(problem, *found, "antichain", with_pairs=False), LevelSpec(2, 2.0, 1, None, False))
+    solver = ThresholdSolver(
+        _space(problem, *found, "antichain", with_pairs=False), LevelSpec(2, 2.0, 1, None, False)
+    )
     solved = solver.solve()
     assert solved is not None
     assert solved[0] == 2 * activation / 2.0

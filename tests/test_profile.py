@@ -39,8 +39,22 @@ def pdprof(*args: str) -> tuple[int, str, str]:
 def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, tmp_path: Path) -> None:
     out, table = tmp_path / "graph.json", tmp_path / "profile.parquet"
     code, stdout, stderr = pdprof(
-        "--model", f"{user_file}:build", "--model-arg", "width=16", "--data", f"{user_file}:data",
-        "--batch-size", "16", "--warmup", "1", "--repeats", "3", "-o", str(out), "--table", str(table),
+        "--model",
+        f"{user_file}:build",
+        "--model-arg",
+        "width=16",
+        "--data",
+        f"{user_file}:data",
+        "--batch-size",
+        "16",
+        "--warmup",
+        "1",
+        "--repeats",
+        "3",
+        "-o",
+        str(out),
+        "--table",
+        str(table),
     )
     assert code == 0, stderr
     assert stdout == ""  # with -o, nothing on stdout
@@ -89,9 +103,25 @@ def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, t
 
 def test_graph_goes_to_stdout_of_a_real_process(user_file: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", "from pdprof.cli import main; main()", "--model", f"{user_file}:build_two", "--data", f"{user_file}:pairs",
-         "--batch-size", "8", "--warmup", "0", "--repeats", "2"],
-        capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": ""},
+        [
+            sys.executable,
+            "-c",
+            "from pdprof.cli import main; main()",
+            "--model",
+            f"{user_file}:build_two",
+            "--data",
+            f"{user_file}:pairs",
+            "--batch-size",
+            "8",
+            "--warmup",
+            "0",
+            "--repeats",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1", "PATH": ""},
     )
     assert proc.returncode == 0, proc.stderr
     graph = LayerGraph.model_validate(json.loads(proc.stdout))
@@ -119,22 +149,38 @@ def test_time_lands_on_the_layer_that_spends_it(user_file: Path) -> None:
 def test_layer_sum_agrees_with_a_whole_training_step() -> None:
     """On a conv net, forward+backward summed over layers is within 15% of a directly timed step."""
     spec = RunSpec(
-        model="zoo:mnist_cnn", model_args={"channels": 16},
-        data="zoo:synthetic", data_args={"size": 32, "shape": (1, 28, 28)},
+        model="zoo:mnist_cnn",
+        model_args={"channels": 16},
+        data="zoo:synthetic",
+        data_args={"size": 32, "shape": (1, 28, 28)},
     )
     graph = profile_spec(ProfileConfig(spec, batch_size=32, warmup=2, repeats=12)).graph
     timing = graph.timing
     assert timing is not None and timing.step_ms is not None and timing.layer_sum_ms is not None
     assert timing.layer_sum_ms == pytest.approx(sum(n.forward_ms + n.backward_ms for n in graph.nodes))
     assert timing.ratio == pytest.approx(timing.layer_sum_ms / timing.step_ms)
-    assert 0.85 <= timing.ratio <= 1.15, f"layer sum {timing.layer_sum_ms:.2f} ms vs step {timing.step_ms:.2f} ms"
+    assert 0.85 <= timing.ratio <= 1.15, (
+        f"layer sum {timing.layer_sum_ms:.2f} ms vs step {timing.step_ms:.2f} ms"
+    )
 
 
 def test_grouping_options_reach_the_tracer_and_the_spec(user_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "g.json"
     code, _, stderr = pdprof(
-        "--model", f"{user_file}:build_gated", "--data", f"{user_file}:data", "--batch-size", "4",
-        "--leaf-module", "Gate", "--warmup", "0", "--repeats", "1", "-o", str(out),
+        "--model",
+        f"{user_file}:build_gated",
+        "--data",
+        f"{user_file}:data",
+        "--batch-size",
+        "4",
+        "--leaf-module",
+        "Gate",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "-o",
+        str(out),
     )
     assert code == 0, stderr
     graph = load_graph(out)
@@ -150,14 +196,24 @@ def test_grouping_options_reach_the_tracer_and_the_spec(user_file: Path, tmp_pat
         (["--model", "{d}/nope.py:build"], "nope.py' not found"),
         (["--model", "zoo:resmlpp"], "did you mean zoo:resmlp"),
         (["--model", "{f}:build", "--device", "bogus"], "--device 'bogus'"),
-        (["--model", "{f}:build", "--loss", "mse"], "loss 'mse' failed on the model's output [4, 4] and target [4]"),
+        (
+            ["--model", "{f}:build", "--loss", "mse"],
+            "loss 'mse' failed on the model's output [4, 4] and target [4]",
+        ),
         (["--model", "{f}:build_two"], "model '{f}:build_two' failed on a batch of shape [4, 8]"),
         (["--model", "{f}:build", "--model-arg", "depth=3"], "unexpected keyword argument 'depth'"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(user_file: Path, args: list[str], expected: str) -> None:
     fill = {"f": str(user_file), "d": str(user_file.parent)}
-    argv = [a.format(**fill) for a in args] + ["--data", f"{user_file}:data", "--batch-size", "4", "--repeats", "1"]
+    argv = [a.format(**fill) for a in args] + [
+        "--data",
+        f"{user_file}:data",
+        "--batch-size",
+        "4",
+        "--repeats",
+        "1",
+    ]
     code, stdout, stderr = pdprof(*argv)
     assert code == 2
     assert stdout == ""

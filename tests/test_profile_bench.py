@@ -11,7 +11,10 @@ from shared.graph import LayerGraph, Node
 
 
 def _graph(times: dict[str, tuple[float, float]]) -> LayerGraph:
-    nodes = [Node(id=k, forward_ms=f, backward_ms=b, activation_bytes=0, parameter_bytes=0) for k, (f, b) in times.items()]
+    nodes = [
+        Node(id=k, forward_ms=f, backward_ms=b, activation_bytes=0, parameter_bytes=0)
+        for k, (f, b) in times.items()
+    ]
     return LayerGraph(batch_size=1, nodes=nodes)
 
 
@@ -29,9 +32,24 @@ def test_agreement_compares_figures_above_the_threshold() -> None:
     assert [w["figure"] for w in layers["worst"]] == ["small", "drift", "big"]
 
 
-def test_bench_runs_end_to_end_on_a_small_model(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench_profiler", "--model", "zoo:resmlp", "--data", "zoo:digits", "--batch-size", "32",
-            "--warmup", "1", "--repeats", "3", "--min-ms", "0.01"]
+def test_bench_runs_end_to_end_on_a_small_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "bench_profiler",
+        "--model",
+        "zoo:resmlp",
+        "--data",
+        "zoo:digits",
+        "--batch-size",
+        "32",
+        "--warmup",
+        "1",
+        "--repeats",
+        "3",
+        "--min-ms",
+        "0.01",
+    ]
     monkeypatch.setattr("sys.argv", argv)
     assert bench_profiler.main() == 0
     result = json.loads(capsys.readouterr().out)

@@ -32,12 +32,18 @@ def _profile(model: nn.Module, **kwargs: object) -> dict[str, float]:
     return {n.id: n.update_ms for n in result.graph.nodes}
 
 
-@pytest.mark.parametrize(("optimizer", "momentum", "described"), [("sgd", 0.9, "sgd, momentum 0.9"), ("adam", 0.0, "adam")])
-def test_update_is_timed_on_layers_with_parameters_only(optimizer: str, momentum: float, described: str) -> None:
+@pytest.mark.parametrize(
+    ("optimizer", "momentum", "described"), [("sgd", 0.9, "sgd, momentum 0.9"), ("adam", 0.0, "adam")]
+)
+def test_update_is_timed_on_layers_with_parameters_only(
+    optimizer: str, momentum: float, described: str
+) -> None:
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
-    config = ProfileConfig(RunSpec(model="test"), 64, warmup=1, repeats=5, optimizer=optimizer, momentum=momentum)  # type: ignore[arg-type]
+    config = ProfileConfig(
+        RunSpec(model="test"), 64, warmup=1, repeats=5, optimizer=optimizer, momentum=momentum
+    )  # type: ignore[arg-type]
     result = profile_model(model, (x,), y, cross_entropy, config)
     update = {n.id: n.update_ms for n in result.graph.nodes}
     params = {n.id for n in result.graph.nodes if n.parameter_bytes > 0}
@@ -72,8 +78,26 @@ def test_concurrent_cli_option_reaches_the_graph(tmp_path: Path) -> None:
     out = tmp_path / "g.json"
     r = CliRunner().invoke(
         main,
-        ["--model", "zoo:resmlp", "--model-arg", "width=32", "--model-arg", "depth=1", "--data", "zoo:digits",
-         "--batch-size", "16", "--warmup", "0", "--repeats", "2", "--concurrent", "2", "-o", str(out)],
+        [
+            "--model",
+            "zoo:resmlp",
+            "--model-arg",
+            "width=32",
+            "--model-arg",
+            "depth=1",
+            "--data",
+            "zoo:digits",
+            "--batch-size",
+            "16",
+            "--warmup",
+            "0",
+            "--repeats",
+            "2",
+            "--concurrent",
+            "2",
+            "-o",
+            str(out),
+        ],
     )
     assert r.exit_code == 0, r.output
     assert load_graph(out).graph["concurrent"] == 2
@@ -89,9 +113,12 @@ def test_cnn_profiles_in_the_layout_pdrun_will_run(choice: str, expected: str) -
 
 
 def test_an_mlp_stays_contiguous_under_auto() -> None:
-    assert _profile_graph_extras(RunSpec(model="zoo:resmlp", model_args={"width": 32, "depth": 1}, data="zoo:digits"))[
-        "memory_format"
-    ] == "contiguous"
+    assert (
+        _profile_graph_extras(
+            RunSpec(model="zoo:resmlp", model_args={"width": 32, "depth": 1}, data="zoo:digits")
+        )["memory_format"]
+        == "contiguous"
+    )
 
 
 def _profile_graph_extras(spec: RunSpec) -> dict[str, object]:

@@ -16,9 +16,9 @@ from torch.utils.data import TensorDataset
 class Branchy(nn.Module):
     """A stem, two branches (one of two layers), a concatenation and a skip connection:
 
-        x -> stem -> relu -+-> left ----------------+-> cat -> merge -> add -> head
-                           +-> right_a -> right_b --+                   ^
-                           +----------------------------------------------+ (skip)
+    x -> stem -> relu -+-> left ----------------+-> cat -> merge -> add -> head
+                       +-> right_a -> right_b --+                   ^
+                       +----------------------------------------------+ (skip)
     """
 
     def __init__(self, width: int = 16, classes: int = 4) -> None:

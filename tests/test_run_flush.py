@@ -161,7 +161,9 @@ CNN_CASES = [
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("schedule", "cuts", "dtype", "memory_format", "send_thread", "transport"), CNN_CASES)
+@pytest.mark.parametrize(
+    ("schedule", "cuts", "dtype", "memory_format", "send_thread", "transport"), CNN_CASES
+)
 def test_cnn_flush_equals_sequential_in_either_layout(
     schedule: str, cuts: list[str], dtype: str, memory_format: str, send_thread: str, transport: str
 ) -> None:

@@ -15,7 +15,10 @@ def test_link_reports_a_finite_bandwidth_and_latency_as_json() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [PDRUN, "link", "--size", "2000000", "--repeats", "5"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -29,7 +32,5 @@ def test_link_reports_a_finite_bandwidth_and_latency_as_json() -> None:
 
 
 def test_link_refuses_a_size_below_the_latency_probe() -> None:
-    proc = subprocess.run(
-        [PDRUN, "link", "--size", "4"], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([PDRUN, "link", "--size", "4"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--size" in proc.stderr

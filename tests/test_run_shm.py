@@ -27,11 +27,20 @@ def test_values_of_every_dtype_and_layout_arrive_in_order() -> None:
     try:
         for unit in range(3 * SLOTS):  # round the ring three times, the receiver one message behind at most
             acts = torch.randn(4, 3, 5, 5).contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-            payload = [acts, torch.tensor([unit, -unit], dtype=torch.int64), torch.tensor(True), torch.zeros(0)]
+            payload = [
+                acts,
+                torch.tensor([unit, -unit], dtype=torch.int64),
+                torch.tensor(True),
+                torch.zeros(0),
+            ]
             seq, gen = sender.put(payload, dst=1, tag=1)
             assert (seq, gen) == (unit, 0)
-            out = [torch.empty(4, 5, 5, 3), torch.empty(2, dtype=torch.int64), torch.empty((), dtype=torch.bool),
-                   torch.empty(0)]
+            out = [
+                torch.empty(4, 5, 5, 3),
+                torch.empty(2, dtype=torch.int64),
+                torch.empty((), dtype=torch.bool),
+                torch.empty(0),
+            ]
             receiver.take(seq, gen, out, src=0, tag=1)
             for got, want in zip(out, payload, strict=True):
                 assert torch.equal(got, want)

@@ -53,7 +53,18 @@ def test_show_renders_a_profile_with_its_timing(tmp_path: Path) -> None:
     shutil.copy(HERE / "test_profile_usermodel.py", user)
     out = tmp_path / "g.json"
     code, _, err = invoke(
-        ["--model", f"{user}:build", "--data", f"{user}:data", "--batch-size", "8", "--repeats", "2", "-o", str(out)]
+        [
+            "--model",
+            f"{user}:build",
+            "--data",
+            f"{user}:data",
+            "--batch-size",
+            "8",
+            "--repeats",
+            "2",
+            "-o",
+            str(out),
+        ]
     )
     assert code == 0, err
     code, _, err = invoke(["show", str(out), "--wide"])
@@ -70,4 +81,6 @@ def test_show_rejects_what_is_not_a_graph(tmp_path: Path) -> None:
     bad.write_text('{"format": "pdplan.plan/1"}')
     code, _, err = invoke(["show", str(bad)])
     assert code == 2
-    assert err.strip().splitlines() == [f"pdprof: error: {bad}: format: expected 'pdprof.graph/1', got 'pdplan.plan/1'"]
+    assert err.strip().splitlines() == [
+        f"pdprof: error: {bad}: format: expected 'pdprof.graph/1', got 'pdplan.plan/1'"
+    ]

@@ -87,7 +87,10 @@ def test_blocking_sends_keep_the_sender_busy_for_the_transfer() -> None:
     assert [op.start for op in ops(held, Kind.FORWARD)] == [0.0, 1.5]
     second = [op for op in held.ops if op.worker == (1, 0) and op.instr.kind is Kind.FORWARD][1]
     assert second.start == pytest.approx(3.0)
-    assert simulate(program, Costs(**base, blocking_sends=True)).makespan > simulate(program, Costs(**base)).makespan  # type: ignore[arg-type]
+    assert (
+        simulate(program, Costs(**base, blocking_sends=True)).makespan
+        > simulate(program, Costs(**base)).makespan
+    )  # type: ignore[arg-type]
 
 
 def test_all_reduce_waits_for_the_slowest_replica() -> None:

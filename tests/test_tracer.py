@@ -34,7 +34,13 @@ def test_two_inputs_are_two_input_layers() -> None:
     traced = trace(build_two())
     assert [layer.name for layer in traced.layers if layer.op == "input"] == ["a", "b"]
     # The module attributes `a` and `b` get the names a_1 and b_1: the inputs took a and b.
-    assert set(traced.edges()) == {("a", "a_1"), ("b", "b_1"), ("a_1", "mul"), ("b_1", "mul"), ("mul", "head")}
+    assert set(traced.edges()) == {
+        ("a", "a_1"),
+        ("b", "b_1"),
+        ("a_1", "mul"),
+        ("b_1", "mul"),
+        ("mul", "head"),
+    }
 
 
 def test_depth_keeps_children_as_single_layers() -> None:

