@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pdrun.shm import ShmLinks
+from pdrun.shm import Lease, ShmLinks
 from shared.errors import RunError
 
 # Sends kept pending before the oldest is waited for (see Comm.reap): a message is a header and its
@@ -65,6 +65,7 @@ class PostedRecv:
     works: list[dist.Work]
     tag: int = 0
     header_only: bool = False  # shared memory: only the header is posted; the values come from a slot
+    hold: bool = False  # shared memory: use the values in their slot until ``Comm.release`` of the unit
 
 
 class Comm:
@@ -90,18 +91,19 @@ class Comm:
         self.send_thread = send_thread  # send_thread_pays: else the worker posts its own sends
         self.shm = shm if self.bandwidth is None else None  # the emulated link sleeps per byte sent over gloo
         self.poster: _Poster | None = None  # started with the first send
+        self.leases: dict[int, list[Lease]] = {}  # by unit: slots whose values it uses in place
 
     def header(self, unit: int, version: int) -> torch.Tensor:
         """The unit, the weight version, and where the values are: (-1, -1) after it over gloo, else
-        the sequence number and generation of a shared-memory link's message (pdrun/shm.py)."""
+        the slot and generation of a shared-memory link's message (pdrun/shm.py)."""
         return torch.tensor([unit, version, -1, -1], dtype=torch.int64, device=self.wire)
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
         """Post the sends; the tensors stay referenced until the peer has them."""
         if self.shm is not None and len(tensors) > 1:
-            seq, gen = self.shm.put(list(tensors[1:]), dst, tag)
+            slot, gen = self.shm.put(list(tensors[1:]), dst, tag)
             header = tensors[0].clone()  # the values are in the link: only the header goes over gloo
-            header[2], header[3] = seq, gen
+            header[2], header[3] = slot, gen
             tensors = [header]
         held = [t.to(self.wire).contiguous() for t in tensors]
         if self.bandwidth is not None:
@@ -129,19 +131,21 @@ class Comm:
         """Receive a header and ``buffers``; returns (version, buffers). Checks the unit is the one expected."""
         return self.wait(self.post(buffers, src, tag), unit, what)
 
-    def post(self, buffers: Sequence[torch.Tensor], src: int, tag: int) -> PostedRecv:
+    def post(self, buffers: Sequence[torch.Tensor], src: int, tag: int, hold: bool = False) -> PostedRecv:
         """Post the receives of a header and ``buffers`` now; ``wait`` for them later.
 
         gloo moves a message only once its receive is posted (the sender's side waits for the
         receiver's "ready"): a receive posted early lets the transfer run while this worker
-        computes, instead of after it asked for the data.
+        computes, instead of after it asked for the data. With ``hold``, values that come
+        through shared memory may stay in their slot, instead of being copied into ``buffers``,
+        until the caller's ``release`` of the unit.
         """
         header = torch.empty(4, dtype=torch.int64, device=self.wire)
         out = [header, *(b.to(self.wire) for b in buffers)]
         if self.shm is not None and out[1:]:
             # The header says which message of the link holds the values.
             work = dist.irecv(header, src=src, tag=tag)
-            return PostedRecv(src, out, [work] if work is not None else [], tag, header_only=True)
+            return PostedRecv(src, out, [work] if work is not None else [], tag, header_only=True, hold=hold)
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
         return PostedRecv(src, out, works, tag)
 
@@ -151,20 +155,28 @@ class Comm:
         header = out[0]
         deadline = time.monotonic() + self.timeout_s
         self._wait_works(posted.works, deadline, src, unit, what)
-        if posted.header_only:
-            assert self.shm is not None
-            seq, gen = int(header[2].item()), int(header[3].item())
-            if seq < 0:
-                raise RunError(
-                    f"rank {self.rank}: {what} of unit {unit} from rank {src} came without its values"
-                )
-            self.shm.take(seq, gen, out[1:], src, posted.tag)
         got = int(header[0].item())
         if got != unit:
             raise RunError(
                 f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}"
             )
-        return int(header[1].item()), [t.to(self.device) for t in out[1:]]
+        values = out[1:]
+        if posted.header_only:
+            assert self.shm is not None
+            slot, gen = int(header[2].item()), int(header[3].item())
+            if slot < 0:
+                raise RunError(
+                    f"rank {self.rank}: {what} of unit {unit} from rank {src} came without its values"
+                )
+            values, lease = self.shm.take(slot, gen, values, src, posted.tag, hold=posted.hold)
+            if lease is not None:
+                self.leases.setdefault(unit, []).append(lease)
+        return int(header[1].item()), [t.to(self.device) for t in values]
+
+    def release(self, unit: int) -> None:
+        """Free the slots whose values ``unit`` used in place (its backward is done)."""
+        for lease in self.leases.pop(unit, ()):
+            lease.release()
 
     def _wait_works(self, works: list[dist.Work], deadline: float, src: int, unit: int, what: str) -> None:
         for work in works:

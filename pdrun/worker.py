@@ -317,6 +317,7 @@ class Worker:
                 for leaf, ls in zip(grad_leaves(state.received[n], spec), grad_specs(spec), strict=True):
                     out.append(ls.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)))
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
+        self.comm.release(self.base + u)  # received values used in place (pdrun/shm.py) are done with
 
     def allreduce(self, ins: Instr) -> None:
         if self.reducer is not None:
@@ -346,10 +347,10 @@ class Worker:
         assert ins.peer is not None
         if ins.kind == Kind.RECV_ACT:
             buffers = self._buffers(dict(self.part.receives(self.s))[ins.peer[0]])
-            return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_ACT)
+            return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_ACT, hold=True)
         names = self._grad_names(ins.peer[0])
         buffers = [g.empty(self.device) for n in names for g in grad_specs(self.specs[n])]
-        return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_GRAD)
+        return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_GRAD, hold=True)
 
     def _grad_names(self, b: int) -> list[str]:
         """The values this stage sends to stage ``b`` that take a gradient back."""

@@ -33,15 +33,16 @@ def test_values_of_every_dtype_and_layout_arrive_in_order() -> None:
                 torch.tensor(True),
                 torch.zeros(0),
             ]
-            seq, gen = sender.put(payload, dst=1, tag=1)
-            assert (seq, gen) == (unit, 0)
+            slot, gen = sender.put(payload, dst=1, tag=1)
+            assert (slot, gen) == (unit % SLOTS, 0)
             out = [
                 torch.empty(4, 5, 5, 3),
                 torch.empty(2, dtype=torch.int64),
                 torch.empty((), dtype=torch.bool),
                 torch.empty(0),
             ]
-            receiver.take(seq, gen, out, src=0, tag=1)
+            got_out, lease = receiver.take(slot, gen, out, src=0, tag=1)
+            assert got_out is out and lease is None  # copied (no hold asked for), the slot freed
             for got, want in zip(out, payload, strict=True):
                 assert torch.equal(got, want)
         assert _names(sender.job) == []  # the receiver removed the name once it had mapped the link
@@ -56,9 +57,9 @@ def test_a_larger_message_starts_a_new_generation() -> None:
         assert sender.put([small], 1, 2) == (0, 0)
         assert sender.put([large], 1, 2) == (0, 1)  # a new file, with larger slots
         assert sender.put([small], 1, 2) == (1, 1)
-        for (seq, gen), want in zip([(0, 0), (0, 1), (1, 1)], [small, large, small], strict=True):
+        for (slot, gen), want in zip([(0, 0), (0, 1), (1, 1)], [small, large, small], strict=True):
             out = [torch.empty_like(want)]
-            receiver.take(seq, gen, out, 0, 2)
+            receiver.take(slot, gen, out, 0, 2)
             assert torch.equal(out[0], want)
     finally:
         sender.close()
@@ -89,3 +90,39 @@ def test_a_link_that_would_not_fit_in_dev_shm_is_refused_clearly() -> None:
     with pytest.raises(RunError, match="too little for two"):
         sender._create(1, 1, too_big, 0)
     assert _names(sender.job) == []
+
+
+def test_held_values_are_used_in_place_until_released_and_at_most_half_the_ring_is_held() -> None:
+    sender, receiver = _pair(timeout_s=0.5)
+    try:
+        sent = [torch.full((2, 3), float(i)) for i in range(SLOTS)]
+        leases, views = [], []
+        for i, t in enumerate(sent):  # a GPipe stage: every forward before any backward
+            slot, gen = sender.put([t], 1, 1)
+            out = [torch.empty(2, 3)]
+            got, lease = receiver.take(slot, gen, out, 0, 1, hold=True)
+            assert torch.equal(got[0], t)
+            if i < SLOTS // 2:
+                assert lease is not None and got[0] is not out[0]  # a view of the slot: no copy
+                leases.append(lease)
+                views.append(got[0])
+            else:
+                assert lease is None and got is out  # half the ring held: copied, so the sender goes on
+        link = receiver.inp[(0, 1)]
+        assert int(link.full.sum()) == SLOTS // 2
+        for _ in range(SLOTS // 2):  # the sender only finds the free half, and never overwrites a held slot
+            slot, _ = sender.put([torch.zeros(2, 3)], 1, 1)
+            assert slot >= SLOTS // 2
+        for view, t in zip(views, sent, strict=False):
+            assert torch.equal(view, t)
+        # Each held value is its own tensor to autograd: freeing a slot or changing one input in place
+        # must not look like a change of another that a backward saved.
+        before = [v._version for v in views[1:]]
+        views[0].mul_(1.0)
+        assert [v._version for v in views[1:]] == before
+        with pytest.raises(RunError, match="rank 1 took no message"):
+            sender.put([torch.zeros(2, 3)], 1, 1)
+        leases[3].release()
+        assert sender.put([torch.ones(2, 3)], 1, 1)[0] == 3  # the freed slot is the one reused
+    finally:
+        sender.close()
