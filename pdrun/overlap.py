@@ -17,6 +17,7 @@ last gradient accumulation before it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pdrun.shm_reduce import ShmAllReduce
 from pdrun.weights import Params
 
 # A bucket closes once it holds this many bytes (DDP's first bucket is 1 MB; a pipeline
@@ -42,7 +44,16 @@ class _Bucket:
 class OverlappedAllReduce:
     """Buckets of a stage's parameters, reduced among its replicas during the backward."""
 
-    def __init__(self, live: dict[str, nn.Parameter], group: Any, wire: torch.device, average: bool) -> None:
+    def __init__(
+        self,
+        live: dict[str, nn.Parameter],
+        group: Any,
+        wire: torch.device,
+        average: bool,
+        local: Callable[[list[tuple[int, torch.dtype]]], ShmAllReduce] | None = None,
+    ) -> None:
+        """``local``: given the buckets' sizes, a sum through shared memory (all replicas on one host's
+        CPU, pdrun/shm_reduce.py) instead of gloo's all-reduce."""
         self.live = live
         self.group = group
         self.wire = wire
@@ -57,6 +68,15 @@ class OverlappedAllReduce:
             p = live[name]
             size += p.numel() * p.element_size()
         self.bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b.names}
+        self.local = None
+        if local is not None:
+            first = [live[b.names[0]] for b in self.buckets]
+            self.local = local(
+                [
+                    (sum(live[n].numel() for n in b.names), p.dtype)
+                    for b, p in zip(self.buckets, first, strict=True)
+                ]
+            )
         self.started = 0  # buckets[:started] have their all-reduce in flight
         self.handles: list[Any] = []
         self._pending_grads: dict[str, torch.Tensor] = {}  # gradients the armed backward completed
@@ -99,8 +119,11 @@ class OverlappedAllReduce:
             if g is None:
                 g = self.live[n].grad
             parts.append((g if g is not None else torch.zeros_like(self.live[n])).reshape(-1))
-        bucket.flat = torch.cat(parts).to(self.wire)
-        bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        if self.local is not None:
+            self.local.publish(self.started, parts)
+        else:
+            bucket.flat = torch.cat(parts).to(self.wire)
+            bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
         self.started += 1
 
     def finish(self) -> None:
@@ -112,10 +135,13 @@ class OverlappedAllReduce:
         while self.started < len(self.buckets):
             self._start(self.buckets[self.started])
         size = dist.get_world_size(self.group)
-        for bucket in self.buckets:
-            assert bucket.flat is not None
-            bucket.work.wait()
-            flat = bucket.flat.to(self.live[bucket.names[0]].device)
+        for k, bucket in enumerate(self.buckets):
+            if self.local is not None:
+                flat = self.local.total(k)
+            else:
+                assert bucket.flat is not None
+                bucket.work.wait()
+                flat = bucket.flat.to(self.live[bucket.names[0]].device)
             if self.average:
                 flat /= size
             offset = 0
@@ -129,3 +155,5 @@ class OverlappedAllReduce:
             bucket.ready.clear()
             bucket.flat = bucket.work = None
         self.started = 0
+        if self.local is not None:
+            self.local.next_step()

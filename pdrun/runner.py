@@ -67,6 +67,7 @@ class WorkerResult:
     checkpoints: list[int] = field(default_factory=list)  # steps whose checkpoint this rank helped write
     resumed_from: int | None = None  # the step of the checkpoint this run started from
     send_thread: bool = False  # its sends went through the helper thread (--send-thread)
+    shm: bool = False  # its messages, and a replicated stage's gradient sums, went through shared memory
 
 
 @dataclass(frozen=True)
@@ -423,6 +424,7 @@ def _train(
         checkpoints=written,
         resumed_from=resumed,
         send_thread=worker.comm.poster is not None,
+        shm=worker.comm.shm is not None,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)

@@ -83,7 +83,7 @@ def _alias(mem: torch.Tensor, start: int, like: torch.Tensor) -> torch.Tensor:
     input it saved for a backward.
     """
     t = torch.empty(0, dtype=like.dtype)
-    return t.set_(mem.untyped_storage(), start // like.element_size(), like.shape)
+    return t.set_(mem.untyped_storage(), start // like.element_size(), like.shape, like.stride())
 
 
 class _Link:

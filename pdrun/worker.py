@@ -21,6 +21,7 @@ from pdrun.data import Units, to_device
 from pdrun.faults import Fault
 from pdrun.overlap import OverlappedAllReduce
 from pdrun.partition import Partition
+from pdrun.shm_reduce import ShmAllReduce
 from pdrun.stage import StageModule
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
@@ -141,7 +142,7 @@ class Worker:
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         # Replicas: the gradient all-reduce, started in buckets during the backward (pdrun/overlap.py).
         self.reducer = (
-            OverlappedAllReduce(versions.live, group, comm.wire, average_replicas)
+            OverlappedAllReduce(versions.live, group, comm.wire, average_replicas, self._local_sum(group))
             if group is not None
             else None
         )
@@ -334,6 +335,14 @@ class Worker:
             self.optimizer.zero_grad(set_to_none=True)
         self.versions.stepped()
         self._close_step()
+
+    def _local_sum(self, group: Any) -> Callable[[list[tuple[int, torch.dtype]]], ShmAllReduce] | None:
+        """Replicas that pass messages through shared memory (one host's CPU) sum gradients there too."""
+        shm = self.comm.shm
+        if shm is None:
+            return None
+        ranks = self.peers.ranks[self.s]
+        return lambda buckets: ShmAllReduce(shm.job, self.s, ranks, self.rank, buckets, shm.timeout_s, group)
 
     # ------------------------------------------------------------------ communication
 

@@ -185,7 +185,7 @@ def test_cnn_flush_equals_sequential_in_either_layout(
     results = launch(plan, cfg)
     assert results is not None and len(results) == len(cuts) + 1
     assert [r.send_thread for r in results] == [send_thread == "on"] * len(results)
-    assert [r.send_thread for r in results] == [send_thread == "on"] * len(results)
+    assert [r.shm for r in results] == [transport == "auto"] * len(results)
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
     initial, want = sequential(
         CNN, steps=10, batch=batch * microbatches, seed=1, dtype=torch_dtype, lr=0.1, momentum=0.9

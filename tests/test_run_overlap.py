@@ -6,6 +6,7 @@ after ``finish`` must equal plain autograd's, and what is checked is when each b
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +16,10 @@ from torch import nn
 from torch.func import functional_call
 
 from pdrun.overlap import BUCKET_BYTES, OverlappedAllReduce
+from pdrun.shm import SHM_DIR
+from pdrun.shm_reduce import ShmAllReduce
 from pdrun.weights import WeightVersions
+from shared.errors import RunError
 
 
 @pytest.fixture
@@ -88,3 +92,13 @@ def test_finish_reduces_what_the_backward_left(group_of_one: None) -> None:
     reducer.finish()
     assert torch.equal(model[4].weight.grad, torch.zeros_like(model[4].weight))
     assert model[0].weight.grad is not None and model[0].weight.grad.abs().sum() > 0
+
+
+def test_a_replica_that_never_sums_is_named_after_the_timeout(group_of_one: None) -> None:
+    # The shared-memory sum (all replicas on one host) waits for every replica's bucket, then names the late one.
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    local = ShmAllReduce(job, 0, [0, 1], 0, [(3, torch.float32)], timeout_s=0.2, group=None)
+    assert not list(SHM_DIR.glob(f"pdrun-{job}-*"))  # mapped, then its name removed
+    local.publish(0, [torch.ones(3)])
+    with pytest.raises(RunError, match=r"no gradients from replica rank 1 within 0\.2s"):
+        local.total(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,14 @@ def test_replicated_stage_trains_and_replicas_stay_identical() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_replicated_stage_with_flush_equals_sequential() -> None:
+@pytest.mark.parametrize("transport", ["auto", "gloo"])
+def test_replicated_stage_with_flush_equals_sequential(transport: str) -> None:
+    # auto: the replicas sum their gradients through shared memory (pdrun/shm_reduce.py); gloo: all-reduce.
     plan = cut_plan(RESMLP, [6], batch_size=16, schedule="1f1b-flush", microbatches=4, replicas=[2, 1])
-    results = launch(
-        plan, RunConfig(steps=10, seed=1, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False)
-    )
+    cfg = RunConfig(steps=10, seed=1, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False)
+    results = launch(plan, replace(cfg, transport=transport))  # type: ignore[arg-type]
     assert results is not None
+    assert [r.shm for r in results] == [transport == "auto"] * 3
     _, want = sequential(RESMLP, steps=10, batch=64, seed=1, dtype=torch.float64, lr=0.2, momentum=0.9)
     assert_same(pipeline_params(results), want, 1e-6)
 
