@@ -2,8 +2,8 @@
 
 A message is a header (the unit number, the weight version it ran on, and where its values
 are) followed by the values' tensors, in an order both ends derive from the plan; between
-ranks on one host's CPU the values go through shared memory instead (``pdrun.shm``) and
-only the header over gloo. Sends are posted from a helper thread where a core is spare,
+ranks on one host's CPU the whole message goes through shared memory instead (``pdrun.shm``:
+the values through a link's slots, the header through its bell), without gloo. Sends are posted from a helper thread where a core is spare,
 else by the worker itself; their handles are kept until done. A receive waits at most
 ``timeout`` and then names the peer that never sent, so a broken pipeline fails instead of
 hanging.
@@ -64,7 +64,7 @@ class PostedRecv:
     tensors: list[torch.Tensor]
     works: list[dist.Work]
     tag: int = 0
-    header_only: bool = False  # shared memory: only the header is posted; the values come from a slot
+    header_only: bool = False  # shared memory: the header comes through a bell, the values from a slot
     hold: bool = False  # shared memory: use the values in their slot until ``Comm.release`` of the unit
 
 
@@ -94,18 +94,13 @@ class Comm:
         self.leases: dict[int, list[Lease]] = {}  # by unit: slots whose values it uses in place
 
     def header(self, unit: int, version: int) -> torch.Tensor:
-        """The unit, the weight version, and where the values are: (-1, -1) after it over gloo, else
-        the slot and generation of a shared-memory link's message (pdrun/shm.py)."""
+        """The unit, the weight version, and where the values are: (-1, -1) over gloo, where they
+        follow the header; through shared memory the send fills in the slot and generation."""
         return torch.tensor([unit, version, -1, -1], dtype=torch.int64, device=self.wire)
 
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
         """Post the sends; the tensors stay referenced until the peer has them."""
-        if self.shm is not None and len(tensors) > 1:
-            slot, gen = self.shm.put(list(tensors[1:]), dst, tag)
-            header = tensors[0].clone()  # the values are in the link: only the header goes over gloo
-            header[2], header[3] = slot, gen
-            tensors = [header]
-        held = [t.to(self.wire).contiguous() for t in tensors]
+        held = list(tensors) if self.shm is not None else [t.to(self.wire).contiguous() for t in tensors]
         if self.bandwidth is not None:
             # The emulated link blocks the sender, as the baselines' emulation does (docs/benchmarks.md).
             time.sleep(sum(t.numel() * t.element_size() for t in held) / self.bandwidth)
@@ -119,6 +114,12 @@ class Comm:
         self.poster.put(held, dst, tag)
 
     def _post(self, held: list[torch.Tensor], dst: int, tag: int) -> None:
+        if self.shm is not None:
+            # The values into a slot of the link, the header (naming the slot) through its bell.
+            slot, gen = self.shm.put(held[1:], dst, tag) if len(held) > 1 else (-1, -1)
+            unit, version = held[0][:2].tolist()
+            self.shm.ring([unit, version, slot, gen], dst, tag)
+            return
         for t in held:
             work = dist.isend(t, dst=dst, tag=tag)
             if work is not None:
@@ -142,28 +143,28 @@ class Comm:
         """
         header = torch.empty(4, dtype=torch.int64, device=self.wire)
         out = [header, *(b.to(self.wire) for b in buffers)]
-        if self.shm is not None and out[1:]:
-            # The header says which message of the link holds the values.
-            work = dist.irecv(header, src=src, tag=tag)
-            return PostedRecv(src, out, [work] if work is not None else [], tag, header_only=True, hold=hold)
+        if self.shm is not None:
+            # Nothing to post: the header comes through the link's bell, naming the slot of the values.
+            return PostedRecv(src, out, [], tag, header_only=True, hold=hold)
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
         return PostedRecv(src, out, works, tag)
 
     def wait(self, posted: PostedRecv, unit: int, what: str) -> tuple[int, list[torch.Tensor]]:
         """Wait at most ``timeout`` for a posted receive; returns (version, buffers)."""
         src, out = posted.src, posted.tensors
-        header = out[0]
-        deadline = time.monotonic() + self.timeout_s
-        self._wait_works(posted.works, deadline, src, unit, what)
-        got = int(header[0].item())
+        values = out[1:]
+        if posted.header_only:
+            assert self.shm is not None
+            got, version, slot, gen = self.shm.listen(src, posted.tag, what, unit)
+        else:
+            self._wait_works(posted.works, time.monotonic() + self.timeout_s, src, unit, what)
+            got, version = out[0][:2].tolist()
         if got != unit:
             raise RunError(
                 f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}"
             )
-        values = out[1:]
-        if posted.header_only:
+        if posted.header_only and values:
             assert self.shm is not None
-            slot, gen = int(header[2].item()), int(header[3].item())
             if slot < 0:
                 raise RunError(
                     f"rank {self.rank}: {what} of unit {unit} from rank {src} came without its values"
@@ -171,7 +172,7 @@ class Comm:
             values, lease = self.shm.take(slot, gen, values, src, posted.tag, hold=posted.hold)
             if lease is not None:
                 self.leases.setdefault(unit, []).append(lease)
-        return int(header[1].item()), [t.to(self.device) for t in values]
+        return version, [t.to(self.device) for t in values]
 
     def release(self, unit: int) -> None:
         """Free the slots whose values ``unit`` used in place (its backward is done)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import time
 import traceback
 from dataclasses import dataclass, field, replace
@@ -185,8 +186,12 @@ def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | 
         return None
     if env.local_world_size != env.world_size or not SHM_DIR.is_dir():
         return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None  # the links publish with plain stores, which x86 alone keeps in order (pdrun/shm.py)
     job = run_job(os.environ.get("TORCHELASTIC_RUN_ID", "run"), env.master_port)
-    return ShmLinks(job, env.rank, cfg.timeout_s)
+    pids: list[Any] = [None] * env.world_size
+    dist.all_gather_object(pids, os.getpid())  # a receiver tells a dead sender from a slow one
+    return ShmLinks(job, env.rank, cfg.timeout_s, dict(enumerate(pids)))
 
 
 def _chunks(length: int, base: int, every: int) -> list[int]:

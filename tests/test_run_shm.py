@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from pdrun.shm import SLOTS, ShmLinks
+from pdrun import shm
+from pdrun.shm import RING, SLOTS, ShmLinks
 from shared.errors import RunError
 
 
@@ -126,3 +130,48 @@ def test_held_values_are_used_in_place_until_released_and_at_most_half_the_ring_
         assert sender.put([torch.ones(2, 3)], 1, 1)[0] == 3  # the freed slot is the one reused
     finally:
         sender.close()
+
+
+def test_headers_come_through_the_bell_in_order_and_wake_a_sleeping_receiver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shm, "_LIVENESS_S", 30.0)  # unless woken, a receiver sleeps 30 s between checks
+    sender, receiver = _pair()
+    try:
+        for n in range(2 * RING + 3):  # round the bell's ring twice
+            sender.ring([n, n + 1, n % SLOTS, 0], dst=1, tag=2)
+            assert receiver.listen(0, 2, "activations", n) == [n, n + 1, n % SLOTS, 0]
+        # A receiver asleep on the bell wakes when the header is posted (futex), not at its next check.
+        late = threading.Timer(0.05, lambda: sender.ring([7, 0, -1, -1], 1, 2))
+        start = time.monotonic()
+        late.start()
+        assert receiver.listen(0, 2, "gradients", 7) == [7, 0, -1, -1]
+        assert time.monotonic() - start < 1.0
+        late.join()
+    finally:
+        sender.close()
+        receiver.close()
+    assert _names(sender.job) == []
+
+
+def test_a_silent_sender_is_named_after_the_timeout_and_a_dead_one_at_once() -> None:
+    sender, receiver = _pair(timeout_s=0.3)
+    try:
+        with pytest.raises(RunError, match=r"rank 1: no gradients of unit 5 from rank 0 within 0\.3s"):
+            receiver.listen(0, 2, "gradients", 5)
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # reaped: its pid runs no more
+        receiver.pids[0] = gone.pid
+        receiver.timeout_s = 60.0
+        start = time.monotonic()
+        with pytest.raises(RunError, match="rank 1: lost rank 0 while waiting for activations of unit 5"):
+            receiver.listen(0, 1, "activations", 5)
+        assert time.monotonic() - start < 5.0
+        for n in range(RING):  # nobody listens: the bell fills, and the sender then names the receiver
+            sender.ring([n, 0, -1, -1], 1, 3)
+        sender.timeout_s = 0.2
+        with pytest.raises(RunError, match="rank 1 took no message"):
+            sender.ring([RING, 0, -1, -1], 1, 3)
+    finally:
+        sender.close()
+        receiver.close()
