@@ -77,7 +77,7 @@ from shared.plan import SCHEDULES, Plan, load_plan
     type=click.Choice(["auto", "gloo"]),
     default="auto",
     show_default=True,
-    help="How stages pass activations and gradients; auto: through shared memory when every rank runs on this host's CPU, else gloo.",
+    help="How stages pass activations and gradients, and replicas sum gradients; auto: through shared memory when every rank runs on this host's x86 CPU, else gloo.",
 )
 @click.option(
     "--timeout",
