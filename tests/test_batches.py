@@ -31,3 +31,32 @@ def test_other_datasets_are_collated_sample_by_sample() -> None:
 
     (x,), y = gather(Pairs(), torch.tensor([4, 2]))
     assert x.tolist() == [[4.0] * 3, [2.0] * 3] and y.tolist() == [4, 2]
+
+
+def test_labels_alone_come_from_the_targets_table_without_fetching_inputs() -> None:
+    # A last stage needs only the labels: the synthetic data and video captions keep a `targets` table.
+    for spec, args in [("zoo:synthetic", {"size": 40, "shape": [8]}), ("zoo:video_captions", {})]:
+        data = resolve_dataset(spec, args)
+        idx = torch.tensor([5, 0, 17, 5])
+        want = default_collate([data[int(i)] for i in idx])[1]
+        assert torch.equal(gather(data, idx, inputs=False)[1], want)
+
+    class Counted(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+        def __init__(self, target_transform: object = None) -> None:
+            self.targets = torch.arange(10)
+            self.target_transform = target_transform
+            self.fetched = 0
+
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            self.fetched += 1
+            t = self.targets[i]
+            return torch.zeros(2), t if self.target_transform is None else t * 2
+
+    plain, transformed = Counted(), Counted(target_transform=True)
+    assert gather(plain, torch.tensor([3, 1]), inputs=False)[1].tolist() == [3, 1] and plain.fetched == 0
+    # With a target_transform (torchvision's), targets[i] is not the label: fetch the samples.
+    assert gather(transformed, torch.tensor([3, 1]), inputs=False)[1].tolist() == [6, 2]
+    assert transformed.fetched == 2
