@@ -3,10 +3,13 @@
 The planner takes the bandwidth of each level as given; a wrong figure makes every
 prediction wrong (on this host two gloo processes on 127.0.0.1 move about 2.7 GB/s, not
 the 1 GB/s one might guess). ``pdrun link`` starts two processes on this machine, joins
-them with the backend pdrun uses, and times round trips of a small and a large message,
-with each receive posted before its message is sent (as pdrun's workers post theirs).
-Half a round trip is the one-way time of a size; the latency is the small message's
-one-way time and the bandwidth the large message's extra bytes over its extra time.
+them the way pdrun's workers on one host are joined (shared memory, pdrun/shm.py, where
+``--transport auto`` would use it; else the backend), and times round trips of a small and
+a large message, with each receive posted before its message is sent (as pdrun's workers
+post theirs) and, through shared memory, the values used where they arrive (as pdrun's
+workers hold them) and sent back from there. Half a round trip is the one-way time of a
+size; the latency is the small message's one-way time and the bandwidth the large
+message's extra bytes over its extra time.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessRaisedException, spawn
 
+from pdrun.shm import ShmLinks, host_supports
 from shared.errors import RunError
 
 SMALL = 8  # bytes: one float64, the latency probe
@@ -50,20 +54,57 @@ def _work(work: dist.Work | None) -> dist.Work:
     return work
 
 
+def shm_usable(backend: str) -> bool:
+    """Whether pdrun's workers on this host would pass messages through shared memory (runner.shm_links)."""
+    return backend == "gloo" and host_supports()
+
+
+# Bytes of source buffers the shared-memory probe rotates through: more than a last-level cache, so
+# that each message is copied from memory, as a freshly computed activation mostly is, not from a
+# cache still warm from the last round trip (which measured ~50 GB/s here instead of ~6).
+_COLD_BYTES = 64 << 20
+
+
+def _shm_round_trips(links: ShmLinks, rank: int, buf: torch.Tensor, repeats: int) -> list[float]:
+    """Round trips through shared-memory links: values into a slot, the header through the bell."""
+    peer, times = 1 - rank, []
+    sources = [torch.rand_like(buf) for _ in range(max(1, _COLD_BYTES // (buf.numel() * buf.element_size())))]
+    for i in range(repeats + 2):  # two warm-up round trips
+        if rank == 0:
+            start = time.perf_counter()
+            slot, gen = links.put([sources[i % len(sources)]], peer, 1)
+            links.ring([i, 0, slot, gen], peer, 1)
+            _, _, slot, gen = links.listen(peer, 2, "link probe", i)
+            _, lease = links.take(slot, gen, [buf], peer, 2, hold=True)
+            if lease is not None:
+                lease.release()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        else:
+            _, _, slot, gen = links.listen(peer, 1, "link probe", i)
+            got, lease = links.take(slot, gen, [buf], peer, 1, hold=True)
+            back_slot, back_gen = links.put(got, peer, 2)  # from where it arrived, as a stage sends on
+            if lease is not None:
+                lease.release()
+            links.ring([i, 0, back_slot, back_gen], peer, 2)
+    return times
+
+
 def _worker(
-    rank: int, port: int, sizes: list[int], repeats: int, backend: str, out: dict[int, float]
+    rank: int, port: int, sizes: list[int], repeats: int, backend: str, shm: bool, out: dict[int, float]
 ) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
+    links = ShmLinks(f"link-{port}", rank, 60.0) if shm else None
     try:
         peer = 1 - rank
         for size in sizes:
             buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
             back = torch.empty_like(buf)
-            times = []
-            for i in range(repeats + 2):  # two warm-up round trips
+            times = [] if links is None else _shm_round_trips(links, rank, buf, repeats)
+            for i in range(repeats + 2 if links is None else 0):  # two warm-up round trips
                 if rank == 0:
                     incoming = _work(dist.irecv(back, peer, tag=2))  # posted before the peer can answer
                     start = time.perf_counter()
@@ -77,11 +118,14 @@ def _worker(
             if rank == 0:
                 out[size] = statistics.median(times) / 2
     finally:
+        if links is not None:
+            links.close()
         dist.destroy_process_group()
 
 
-def measure(size: int = 4 << 20, repeats: int = 20, backend: str = "gloo") -> Link:
-    """Time two processes on this machine exchanging ``SMALL`` and ``size``-byte messages."""
+def measure(size: int = 4 << 20, repeats: int = 20, backend: str = "gloo", shm: bool = False) -> Link:
+    """Time two processes on this machine exchanging ``SMALL`` and ``size``-byte messages (``shm``: through
+    shared-memory links, as pdrun's workers on one host do)."""
     if size <= SMALL:
         raise RunError(f"--size: expected more than {SMALL} bytes, got {size}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -89,7 +133,7 @@ def measure(size: int = 4 << 20, repeats: int = 20, backend: str = "gloo") -> Li
     with multiprocessing.get_context("spawn").Manager() as manager:
         out = manager.dict()
         try:
-            spawn(_worker, args=(_free_port(), sizes, repeats, backend, out), nprocs=2, join=True)  # type: ignore[no-untyped-call]
+            spawn(_worker, args=(_free_port(), sizes, repeats, backend, shm, out), nprocs=2, join=True)  # type: ignore[no-untyped-call]
         except ProcessRaisedException as exc:
             raise RunError(
                 f"pdrun link: a probe process failed: {str(exc).strip().splitlines()[-1]}"

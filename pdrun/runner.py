@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 import traceback
 from dataclasses import dataclass, field, replace
@@ -31,7 +30,7 @@ from pdrun.env import DistEnv
 from pdrun.faults import Fault
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
-from pdrun.shm import SHM_DIR, ShmLinks, run_job
+from pdrun.shm import ShmLinks, host_supports, run_job
 from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
@@ -184,10 +183,8 @@ def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | 
     """Shared-memory links (pdrun/shm.py) when every rank runs on this host's CPU, else None (gloo)."""
     if cfg.transport != "auto" or device.type != "cpu" or env.world_size < 2:
         return None
-    if env.local_world_size != env.world_size or not SHM_DIR.is_dir():
+    if env.local_world_size != env.world_size or not host_supports():
         return None
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None  # the links publish with plain stores, which x86 alone keeps in order (pdrun/shm.py)
     job = run_job(os.environ.get("TORCHELASTIC_RUN_ID", "run"), env.master_port)
     pids: list[Any] = [None] * env.world_size
     dist.all_gather_object(pids, os.getpid())  # a receiver tells a dead sender from a slow one

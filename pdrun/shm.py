@@ -37,6 +37,7 @@ so a dead peer is named at once rather than after the timeout.
 from __future__ import annotations
 
 import os
+import platform
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -62,6 +63,11 @@ def _aligned(n: int) -> int:
 
 
 SHM_DIR = Path("/dev/shm")
+
+
+def host_supports() -> bool:
+    """Whether links can run here: a ``/dev/shm``, and an x86 CPU, whose stores stay in order (module doc)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and SHM_DIR.is_dir()
 
 
 def _path(job: str, src: int, dst: int, tag: int, gen: int) -> Path:
@@ -107,9 +113,10 @@ class _Link:
         fields = mem[: 8 * _FIELDS].view(torch.int64)
         self.slot_bytes = int(fields[0])
         self.slots = int(fields[1])
-        self.full = mem[8 * _FIELDS : 8 * (_FIELDS + self.slots)].view(torch.int64)  # a flag per slot
+        self.full: np.ndarray = mem.numpy()[8 * _FIELDS : 8 * (_FIELDS + self.slots)].view(
+            np.int64
+        )  # per slot
         self.start = _control_bytes(self.slots)
-        self.next = 0  # sender: the slot it tries first
         self.held = 0  # receiver: slots it holds for later release
 
     def slot(self, index: int, nbytes: int) -> torch.Tensor:
@@ -234,19 +241,21 @@ class ShmLinks:
             n = t.numel() * t.element_size()
             out[offset : offset + n].copy_(t.contiguous().reshape(-1).view(torch.uint8))
         link.full[index] = 1
-        link.next = (index + 1) % link.slots
         return index, link.gen
 
     def _free_slot(self, link: _Link, dst: int) -> int:
-        """The first free slot from ``link.next`` on, waiting for the receiver to free one."""
-        if int(link.full[link.next]) == 0:  # the usual case: the receiver keeps up
-            return link.next
+        """The lowest free slot, waiting for the receiver to free one.
+
+        The lowest, not the next round the ring: a receiver that keeps up frees each slot before the
+        next message, so one or two slots carry every message and stay in the caches and mapped,
+        where a rotation would touch all of them (a page fault per 4 KB on each end on first use:
+        a 4 MB message took 2.5 ms one way instead of 0.8).
+        """
         deadline = time.monotonic() + self.timeout_s
         while True:
-            free = (link.full == 0).nonzero().view(-1)
+            free = np.flatnonzero(link.full == 0)
             if len(free):
-                after = free[free >= link.next]
-                return int(after[0] if len(after) else free[0])
+                return int(free[0])
             if time.monotonic() > deadline:
                 raise RunError(f"rank {self.rank}: rank {dst} took no message for {self.timeout_s:g}s")
             time.sleep(50e-6)
