@@ -16,6 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from pdrun.env import DistEnv
 from pdrun.faults import Fault
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
-from pdrun.shm import ShmLinks, host_supports, run_job
+from pdrun.shm import ShmLinks, host_supports, remove_run_links, run_job
 from pdrun.stage import build_stage, sample_values
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
@@ -478,7 +479,10 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     """The launcher's entrypoint on every rank; a failure is written to ``errdir`` before it propagates."""
     env = DistEnv.from_environ()
     if cfg.launcher_pid is not None:
-        die_with(cfg.launcher_pid)
+        # Killed with SIGKILL, the launcher cannot sweep the run's shared-memory links: its orphans do.
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+        one_host = run_id is not None and env.local_world_size == env.world_size
+        die_with(cfg.launcher_pid, partial(remove_run_links, run_id) if one_host and run_id else None)
     try:
         plan = Plan.model_validate_json(plan_json)
         return train(env, plan, replace(cfg), errdir)

@@ -136,15 +136,16 @@ class Lease:
 
 
 RING = 64  # headers a sender may be ahead of its receiver on one link
-_BELL_FIELDS = 8  # int64: posted, futex word (low half), taken, padding; then RING headers of 4
+_BELL_FIELDS = 8  # int64: posted, futex word (low half), taken, sender mapped, receiver mapped; then headers
 _POSTED, _TAKEN, _WORD = 0, 2, 2  # the futex word is int32 number 2, the low half of int64 number 1
+_MAPPED = 3  # + 0 (sender) or 1 (receiver): that end has the bell mapped
 _LIVENESS_S = 0.1  # how often a waiting receiver checks that its sender still runs
 
 
 class _Bell:
     """The headers of one link, in order, and a futex word a receiver sleeps on until the next one."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, receiver: bool) -> None:
         self.path = path
         size = 8 * (_BELL_FIELDS + 4 * RING)
         # Either end may come first: both create-or-open, and a new file is zeros (nothing posted).
@@ -158,6 +159,10 @@ class _Bell:
         self.word32: np.ndarray = self.mem.numpy().view(np.int32)
         self.address = self.mem.data_ptr() + 4 * _WORD
         self.count = 0  # headers this end has posted (sender) or taken (receiver)
+        # The second end to map the bell removes its name, so that a killed run leaves nothing behind.
+        self.words[_MAPPED + receiver] = 1
+        if self.words[_MAPPED + (not receiver)]:
+            path.unlink(missing_ok=True)
 
     def entry(self, n: int) -> np.ndarray:
         start = _BELL_FIELDS + 4 * (n % RING)
@@ -184,7 +189,7 @@ class ShmLinks:
         bell = self.bells.get((src, dst, tag))
         if bell is None:
             path = SHM_DIR / f"pdrun-{self.job}-{src}-{dst}-{tag}-bell"
-            bell = self.bells[(src, dst, tag)] = _Bell(path)
+            bell = self.bells[(src, dst, tag)] = _Bell(path, receiver=dst == self.rank)
             self.created.append(path)
         return bell
 

@@ -21,6 +21,7 @@ import pytest
 
 from pdrun.faults import FAULT_ENV, Fault
 from pdrun.plans import cut_plan
+from pdrun.shm import SHM_DIR
 from shared.errors import UserError
 from shared.plan import save_plan
 from shared.spec import RunSpec
@@ -115,6 +116,7 @@ def test_a_failed_worker_stops_the_run_within_30s_naming_its_rank_and_leaves_no_
     plan3: Path, fault: str, expected: str
 ) -> None:
     # --timeout 300: the peers blocked on the dead rank must be stopped by pdrun, not by their timeout.
+    links = _shm_names()
     done, seconds, mark = run_pdrun(
         [str(plan3), "--steps", "40", "--timeout", "300", "-q", "--no-val"], {"PIPEDREAM_FAULT": fault}
     )
@@ -127,11 +129,13 @@ def test_a_failed_worker_stops_the_run_within_30s_naming_its_rank_and_leaves_no_
     assert len(pids) == 3  # all three workers ran
     assert [p for p in pids if alive(p)] == []
     assert marked_processes(mark) == []  # nor the forkserver, nor anything else pdrun started
+    assert _shm_names() - links == set()  # nor a shared-memory link or bell (pdrun/shm.py)
 
 
 @pytest.mark.timeout(60)
 def test_a_peer_that_never_sends_ends_the_run_after_timeout_naming_it(plan3: Path) -> None:
     # Rank 1 stalls (alive, silent) in the forward of unit 9: its neighbours give up after --timeout.
+    links = _shm_names()
     done, seconds, mark = run_pdrun(
         [str(plan3), "--steps", "40", "--timeout", "4", "-q", "--no-val"], {"PIPEDREAM_FAULT": "hang:1:9"}
     )
@@ -145,6 +149,7 @@ def test_a_peer_that_never_sends_ends_the_run_after_timeout_naming_it(plan3: Pat
     pids = [int(p.read_text()) for p in sorted((plan3.parent / "pids").glob("rank*.pid"))]
     assert len(pids) == 3 and [p for p in pids if alive(p)] == []  # the stalled rank too
     assert marked_processes(mark) == []
+    assert _shm_names() - links == set()
 
 
 @pytest.mark.timeout(90)
@@ -153,6 +158,7 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     # SIGTERM (a scheduler, Ctrl-C is alike): pdrun stops its workers and says so. SIGKILL: pdrun
     # cannot, so each worker notices its launcher is gone and stops itself (pdrun/orphan.py).
     mark = uuid.uuid4().hex
+    links = _shm_names()
     pdrun = Path(sys.executable).parent / "pdrun"
     proc = subprocess.Popen(
         [str(pdrun), str(plan3), "--steps", "1000", "-q", "--no-val"],
@@ -180,6 +186,12 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     pids = [int(p.read_text()) for p in sorted(pids_dir.glob("rank*.pid"))]
     assert len(pids) == 3 and [p for p in pids if alive(p)] == []
     assert marked_processes(mark) == []
+    # SIGKILL: the launcher could not sweep the run's shared-memory links; its orphaned workers did.
+    assert _shm_names() - links == set()
+
+
+def _shm_names() -> set[str]:
+    return {p.name for p in SHM_DIR.glob("pdrun-*")}
 
 
 def test_a_malformed_fault_spec_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,6 +141,7 @@ def test_headers_come_through_the_bell_in_order_and_wake_a_sleeping_receiver(
         for n in range(2 * RING + 3):  # round the bell's ring twice
             sender.ring([n, n + 1, n % SLOTS, 0], dst=1, tag=2)
             assert receiver.listen(0, 2, "activations", n) == [n, n + 1, n % SLOTS, 0]
+        assert _names(sender.job) == []  # both ends have the bell mapped: the second removed its name
         # A receiver asleep on the bell wakes when the header is posted (futex), not at its next check.
         late = threading.Timer(0.05, lambda: sender.ring([7, 0, -1, -1], 1, 2))
         start = time.monotonic()
