@@ -42,7 +42,7 @@ from shared.layout import module_to_channels_last, use_channels_last
 from shared.malloc import steady_malloc
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program
+from shared.schedule import build_program, in_flight_bounds
 from shared.schedule_check import validate_program
 from shared.tracer import trace
 
@@ -180,6 +180,21 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
         dist.destroy_process_group()
 
 
+def needs_stash(plan: Plan, part: Partition, s: int) -> bool:
+    """Whether stage ``s`` of an asynchronous 1F1B plan must stash weight versions.
+
+    A stage that forwards one unit before each backward (warm-up bound 1: the last stage of a
+    straight pipeline, a lone or purely replicated stage) steps only after the backward of the
+    unit it forwarded last, so its backward sees the forward's weights without a stash, and runs
+    the stage's module directly instead of ``functional_call`` over a version (about 7% of its
+    compute). Vertical sync still needs the versions: a unit runs on the input stage's.
+    """
+    if plan.vertical_sync:
+        return True
+    replicas = [st.replicas for st in plan.stages]
+    return in_flight_bounds(replicas, sorted(part.edges()), plan.in_flight)[s] > 1
+
+
 def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | None:
     """Shared-memory links (pdrun/shm.py) when every rank runs on this host's CPU, else None (gloo)."""
     if cfg.transport != "auto" or device.type != "cpu" or env.world_size < 2:
@@ -291,7 +306,7 @@ def _train(
             if idx == s:
                 group = g
     wire = device if dist.get_backend() == "nccl" else torch.device("cpu")  # where messages travel from
-    stash = plan.schedule == "1f1b" and cfg.stash
+    stash = plan.schedule == "1f1b" and cfg.stash and needs_stash(plan, part, s)
     versions = WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
     params = list(versions.live.values())
     optimizer: torch.optim.Optimizer | None

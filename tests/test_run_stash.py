@@ -86,7 +86,12 @@ def test_stashing_backward_uses_forward_weights() -> None:
     program = build_program("1f1b", [1, 1, 1, 1], STEPS, in_flight=4)
     peaks = max_in_flight(program)
     for r in results:
-        assert 1 <= r.max_versions <= peaks[(r.stage, 0)]
+        if peaks[(r.stage, 0)] == 1:
+            # One unit at a time (the last stage): nothing steps between its forward and backward, so it
+            # stashes nothing, and the prints above show its backward still saw the forward's weights.
+            assert r.max_versions == 0
+        else:
+            assert 1 <= r.max_versions <= peaks[(r.stage, 0)]
     assert next(r for r in results if r.stage == 0).max_versions > 1
     # Without vertical sync, one unit meets different weight versions at different stages.
     per_unit: dict[int, set[int]] = defaultdict(set)
