@@ -33,6 +33,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check pdprof pdplan pdrun shared tests bench
+	$(BIN)/ruff format --check pdprof pdplan pdrun shared tests bench
 	$(BIN)/mypy
 
 bench: install

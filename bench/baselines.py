@@ -332,7 +332,10 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
         mine = range(rank * share, (rank + 1) * share)
         total = 0.0
         for j in mine:
-            xm, ym = xb[j * s.batch_size : (j + 1) * s.batch_size], yb[j * s.batch_size : (j + 1) * s.batch_size]
+            xm, ym = (
+                xb[j * s.batch_size : (j + 1) * s.batch_size],
+                yb[j * s.batch_size : (j + 1) * s.batch_size],
+            )
             sync = ddp.no_sync() if j != mine[-1] else contextlib.nullcontext()
             with sync:
                 loss = loss_fn(ddp(xm), ym) / share
@@ -447,7 +450,9 @@ def run(system: str, s: Settings, world: int | None = None) -> Result:
             except queue.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
-                    why = f"exit status {dead[0].exitcode}" if dead else f"no result after {s.timeout_s:.0f} s"
+                    why = (
+                        f"exit status {dead[0].exitcode}" if dead else f"no result after {s.timeout_s:.0f} s"
+                    )
                     raise RunError(f"{system}: a worker failed ({why})") from None
                 continue
             if status != "ok":

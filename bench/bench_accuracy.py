@@ -65,7 +65,9 @@ class Curve:
         return next((t for t, acc in self.points if acc >= target), math.nan)
 
 
-def pdrun_curve(plan: Path, schedule: str, cfg: Config, work: Path, link: str, bandwidth: float | None) -> Curve:
+def pdrun_curve(
+    plan: Path, schedule: str, cfg: Config, work: Path, link: str, bandwidth: float | None
+) -> Curve:
     metrics = work / f"acc-{link}-{schedule}.parquet"
     extra = ["--schedule", schedule, "--microbatches", str(cfg.microbatches), "--lr", f"{cfg.lr:g}"]
     extra += ["--momentum", f"{cfg.momentum:g}", "-q"]
@@ -86,9 +88,17 @@ def ddp_curve(cfg: Config, link: str, bandwidth: float | None, stage_of: dict[st
     train_samples = len(resolve_dataset(cfg.data, {"split": "train"}))
     steps_per_epoch = max(1, train_samples // cfg.batch_size // cfg.microbatches)
     s = Settings(
-        model=cfg.model, data=cfg.data, batch_size=cfg.batch_size, microbatches=cfg.microbatches,
-        stage_of=stage_of, lr=cfg.lr, momentum=cfg.momentum, bandwidth=bandwidth, warmup=0,
-        eval_data_args={"split": "val"}, steps=steps_per_epoch * cfg.epochs,
+        model=cfg.model,
+        data=cfg.data,
+        batch_size=cfg.batch_size,
+        microbatches=cfg.microbatches,
+        stage_of=stage_of,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        bandwidth=bandwidth,
+        warmup=0,
+        eval_data_args={"split": "val"},
+        steps=steps_per_epoch * cfg.epochs,
     )
     r = run("ddp", s, 2)
     cmd = "python -m bench.bench_accuracy"
@@ -116,20 +126,31 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve]]:
     )
     rows: list[dict[str, Any]] = []
     for c in curves:
-        rows.append({"system": c.system, "link": c.link, "time_to_target_s": c.time_to(cfg.target),
-                     "final_accuracy": c.points[-1][1] if c.points else math.nan,
-                     "train_s": c.points[-1][0] if c.points else math.nan, "command": c.command})
+        rows.append(
+            {
+                "system": c.system,
+                "link": c.link,
+                "time_to_target_s": c.time_to(cfg.target),
+                "final_accuracy": c.points[-1][1] if c.points else math.nan,
+                "train_s": c.points[-1][0] if c.points else math.nan,
+                "command": c.command,
+            }
+        )
     report.tables["time_to_accuracy"] = rows
     by = {(c.system, c.link): c for c in curves}
     for link in ("fast", "slow"):
         ddp = by[("ddp", link)].time_to(cfg.target)
         for system in ("pdrun 1f1b", "pdrun 1f1b-flush"):
             ours = by[(system, link)].time_to(cfg.target)
-            report.add(Figure(
-                f"DDP time to {cfg.target:.0%} / {system} time to {cfg.target:.0%} ({link} link)",
-                ddp / ours if ours > 0 else math.nan, "x", f"{by[(system, link)].command}  vs  {report.command}",
-                note="> 1: pdrun reaches the target sooner; NaN: one of them never reached it",
-            ))
+            report.add(
+                Figure(
+                    f"DDP time to {cfg.target:.0%} / {system} time to {cfg.target:.0%} ({link} link)",
+                    ddp / ours if ours > 0 else math.nan,
+                    "x",
+                    f"{by[(system, link)].command}  vs  {report.command}",
+                    note="> 1: pdrun reaches the target sooner; NaN: one of them never reached it",
+                )
+            )
     return report, curves
 
 
@@ -137,7 +158,9 @@ def main(argv: list[str] | None = None) -> tuple[Report, list[Curve]]:
     work, quick = work_args(__doc__, argv)
     report, curves = bench(work, QUICK if quick else Config())
     report.tables["curves"] = [
-        {"system": c.system, "link": c.link, "train_s": t, "val_accuracy": a} for c in curves for t, a in c.points
+        {"system": c.system, "link": c.link, "train_s": t, "val_accuracy": a}
+        for c in curves
+        for t, a in c.points
     ]
     report.save(work / "bench_accuracy.json")
     return report, curves

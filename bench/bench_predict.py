@@ -43,10 +43,22 @@ class Case:
 CASES = (
     Case("mnist_cnn, 1 worker", "zoo:mnist_cnn", "zoo:mnist5k", 64, 1, None),
     Case("mnist_cnn, 2 stages", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, None),
-    Case("mnist_cnn, 2 stages, slow link (emulated)", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, 2e7, emulate=True),
-    Case("mnist_cnn, 2 workers, planner's choice", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, None, straight=False),
-    Case("resmlp 512 wide, 2 stages", "zoo:resmlp", "zoo:synthetic", 128, 2, None,
-         model_args={"width": 512, "depth": 4}, data_args={"size": 4096, "shape": [64]}),
+    Case(
+        "mnist_cnn, 2 stages, slow link (emulated)", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, 2e7, emulate=True
+    ),
+    Case(
+        "mnist_cnn, 2 workers, planner's choice", "zoo:mnist_cnn", "zoo:mnist5k", 64, 2, None, straight=False
+    ),
+    Case(
+        "resmlp 512 wide, 2 stages",
+        "zoo:resmlp",
+        "zoo:synthetic",
+        128,
+        2,
+        None,
+        model_args={"width": 512, "depth": 4},
+        data_args={"size": 4096, "shape": [64]},
+    ),
 )
 
 
@@ -66,7 +78,12 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
     metrics = work / f"predict-{index}-run.parquet"
     # The workers share this host: profile as one of them, beside the others (pdprof --concurrent).
     prof = toolchain.profile(
-        graph, case.model, case.data, case.batch_size, case.model_args, case.data_args,
+        graph,
+        case.model,
+        case.data,
+        case.batch_size,
+        case.model_args,
+        case.data_args,
         extra=["--concurrent", str(case.workers)],
     )
     bandwidth = case.bandwidth if case.bandwidth is not None else link[0]
@@ -94,7 +111,10 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
     timings = []
     for _ in range(cfg.runs):
         done, _ = toolchain.pdrun(
-            plan_path, metrics, steps=cfg.steps + cfg.warmup, extra=["--no-val", "-q"],
+            plan_path,
+            metrics,
+            steps=cfg.steps + cfg.warmup,
+            extra=["--no-val", "-q"],
             bandwidth=case.bandwidth if case.emulate else None,
         )
         timings.append(pdrun_timing(metrics, cfg.warmup))
@@ -105,7 +125,9 @@ def measure(case: Case, cfg: Config, work: Path, index: int, link: tuple[float, 
     # Where a gap comes from: the bottleneck's compute as planned, and as measured (the busiest rank's
     # compute share of the interval times the time per unit); the rest is communication and waiting.
     bottleneck = plan.stages[plan.predicted.bottleneck_stage or 0] if plan.predicted else plan.stages[0]
-    planned_compute = bottleneck.predicted.compute_s / bottleneck.replicas if bottleneck.predicted else math.nan
+    planned_compute = (
+        bottleneck.predicted.compute_s / bottleneck.replicas if bottleneck.predicted else math.nan
+    )
     busiest = max(r["compute_s"] for r in t.ranks) / t.seconds if t.seconds > 0 else math.nan
     return {
         "case": case.name,
@@ -142,15 +164,25 @@ def bench(work: Path, cfg: Config) -> Report:
     report.tables["prediction"] = rows
     for row in rows:
         ratio = row["simulated_over_measured"]
-        report.add(Figure(
-            f"simulated / measured time per minibatch: {row['case']}", ratio, "", row["command"],
-            target="0.9 .. 1.1", meets=check(ratio, ">=", 0.9) and check(ratio, "<=", 1.1),
-        ))
+        report.add(
+            Figure(
+                f"simulated / measured time per minibatch: {row['case']}",
+                ratio,
+                "",
+                row["command"],
+                target="0.9 .. 1.1",
+                meets=check(ratio, ">=", 0.9) and check(ratio, "<=", 1.1),
+            )
+        )
     for row in rows:
-        report.add(Figure(
-            f"paper's bottleneck / measured time per minibatch: {row['case']}", row["predicted_over_measured"], "",
-            row["command"],
-        ))
+        report.add(
+            Figure(
+                f"paper's bottleneck / measured time per minibatch: {row['case']}",
+                row["predicted_over_measured"],
+                "",
+                row["command"],
+            )
+        )
     return report
 
 

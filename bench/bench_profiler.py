@@ -60,11 +60,15 @@ def agreement(a: LayerGraph, b: LayerGraph, min_ms: float, per_layer: bool = Fal
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="zoo:resnet50")
     parser.add_argument("--model-arg", action="append", default=[])
     parser.add_argument("--data", default="zoo:synthetic_images")
-    parser.add_argument("--data-arg", action="append", default=None, help="default for the default data: size=64")
+    parser.add_argument(
+        "--data-arg", action="append", default=None, help="default for the default data: size=64"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=10)
@@ -83,27 +87,48 @@ def main() -> int:
     )
     config = ProfileConfig(spec, args.batch_size, args.device, args.warmup, args.repeats, args.threads)
     runs: list[LayerGraph] = []
-    result: dict[str, Any] = {"model": args.model, "batch_size": args.batch_size, "device": args.device,
-                              "threads": args.threads, "warmup": args.warmup, "repeats": args.repeats, "runs": []}
+    result: dict[str, Any] = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "threads": args.threads,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "runs": [],
+    }
     for i in range(2):
         start = time.perf_counter()
         graph = profile_spec(config).graph
         timing = graph.timing
         assert timing is not None
         runs.append(graph)
-        result["runs"].append({"layer_sum_ms": timing.layer_sum_ms, "step_ms": timing.step_ms, "ratio": timing.ratio,
-                               "method": timing.method, "seconds": time.perf_counter() - start, **graph.graph})
-        console.print(f"run {i + 1}: layer sum {timing.layer_sum_ms:.1f} ms, step {timing.step_ms:.1f} ms, "
-                      f"ratio {timing.ratio:.3f} ({time.perf_counter() - start:.0f} s)")
+        result["runs"].append(
+            {
+                "layer_sum_ms": timing.layer_sum_ms,
+                "step_ms": timing.step_ms,
+                "ratio": timing.ratio,
+                "method": timing.method,
+                "seconds": time.perf_counter() - start,
+                **graph.graph,
+            }
+        )
+        console.print(
+            f"run {i + 1}: layer sum {timing.layer_sum_ms:.1f} ms, step {timing.step_ms:.1f} ms, "
+            f"ratio {timing.ratio:.3f} ({time.perf_counter() - start:.0f} s)"
+        )
     result["layers"] = len(runs[0].nodes)
     result["agreement"] = agreement(runs[0], runs[1], args.min_ms)
     result["layer_agreement"] = agreement(runs[0], runs[1], args.min_ms, per_layer=True)
 
-    table = Table(title=f"{args.model} batch {args.batch_size}: figures above {args.min_ms} ms, run 1 vs run 2")
+    table = Table(
+        title=f"{args.model} batch {args.batch_size}: figures above {args.min_ms} ms, run 1 vs run 2"
+    )
     for column in ("figure", "run 1 ms", "run 2 ms", "difference"):
         table.add_column(column, justify="left" if column == "figure" else "right")
     for row in result["agreement"]["worst"]:
-        table.add_row(row["figure"], f"{row['run1_ms']:.2f}", f"{row['run2_ms']:.2f}", f"{100 * row['rel_diff']:.1f}%")
+        table.add_row(
+            row["figure"], f"{row['run1_ms']:.2f}", f"{row['run2_ms']:.2f}", f"{100 * row['rel_diff']:.1f}%"
+        )
     console.print(table)
     agree = result["agreement"]
     layers = result["layer_agreement"]

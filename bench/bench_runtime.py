@@ -110,7 +110,9 @@ def run_pdrun(
     if memory_format != "auto":
         extra += ["--memory-format", memory_format]
     done, _ = toolchain.pdrun(plan_path, metrics, steps=(cfg.steps + cfg.warmup) * scale, extra=extra, **kw)
-    return PdrunRun(done.cmd, pdrun_timing(metrics, cfg.warmup * scale), _pdrun_parts(metrics, cfg.warmup * scale))
+    return PdrunRun(
+        done.cmd, pdrun_timing(metrics, cfg.warmup * scale), _pdrun_parts(metrics, cfg.warmup * scale)
+    )
 
 
 def _pdrun_parts(metrics: Path, warmup_steps: int) -> dict[int, dict[str, float]]:
@@ -160,36 +162,79 @@ def bench(work: Path, cfg: Config) -> Report:
     best_pd = {label: (r.cmd, r.timing) for label, r in best_runs.items()}
     rows: list[dict[str, Any]] = []
     for schedule, (cmd, t) in best_pd.items():
-        rows.append({"system": f"pdrun {schedule}", "samples_per_s": t.steady_samples_per_s,
-                     "whole_interval_samples_per_s": t.samples_per_s, "seconds": t.seconds,
-                     "final_loss": t.losses[-1] if t.losses else math.nan, "command": cmd})
+        rows.append(
+            {
+                "system": f"pdrun {schedule}",
+                "samples_per_s": t.steady_samples_per_s,
+                "whole_interval_samples_per_s": t.samples_per_s,
+                "seconds": t.seconds,
+                "final_loss": t.losses[-1] if t.losses else math.nan,
+                "command": cmd,
+            }
+        )
     base_cmd = "python -m bench.bench_runtime"
     for system, r in best_base.items():
-        rows.append({"system": system, "samples_per_s": r.steady_samples_per_s,
-                     "whole_interval_samples_per_s": r.samples_per_s, "seconds": r.seconds,
-                     "final_loss": r.losses[-1] if r.losses else math.nan, "command": base_cmd})
+        rows.append(
+            {
+                "system": system,
+                "samples_per_s": r.steady_samples_per_s,
+                "whole_interval_samples_per_s": r.samples_per_s,
+                "seconds": r.seconds,
+                "final_loss": r.losses[-1] if r.losses else math.nan,
+                "command": base_cmd,
+            }
+        )
     report.tables["throughput"] = rows
     for ours, theirs, name in PAIRS:
         ratio = best_pd[ours][1].steady_samples_per_s / best_base[theirs].steady_samples_per_s
         target = ">= 1.2" if theirs.startswith("pipe") else ""
-        report.add(Figure(name, ratio, "x", f"{best_pd[ours][0]}  vs  {base_cmd}", target=target,
-                          meets=check(ratio, ">=", 1.2) if target else None))
+        report.add(
+            Figure(
+                name,
+                ratio,
+                "x",
+                f"{best_pd[ours][0]}  vs  {base_cmd}",
+                target=target,
+                meets=check(ratio, ">=", 1.2) if target else None,
+            )
+        )
     # Equal settings, checked: the flush schedules train exactly what one process trains.
     for ours, theirs in (("1f1b-flush", "pipe-1f1b"), ("1f1b-flush", "single"), ("gpipe", "pipe-gpipe")):
         a, b = best_pd[ours][1].losses, best_base[theirs].losses
         if a and len(a) == len(b):
             diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
-            report.add(Figure(f"same training: largest per-step loss difference, pdrun {ours} vs {theirs}", diff, "",
-                              f"{best_pd[ours][0]}  vs  {base_cmd}", note="equal settings: ~0 up to float rounding"))
+            report.add(
+                Figure(
+                    f"same training: largest per-step loss difference, pdrun {ours} vs {theirs}",
+                    diff,
+                    "",
+                    f"{best_pd[ours][0]}  vs  {base_cmd}",
+                    note="equal settings: ~0 up to float rounding",
+                )
+            )
     report.tables["where_time_goes"] = _breakdown(best_runs, best_base)
     eff = _efficiency(plan, best_pd["1f1b"][1])
     if eff is not None:
         measured, ideal = eff
-        report.add(Figure("pdrun 1F1B pipeline efficiency (busy fraction of the workers)", measured, "",
-                          best_pd["1f1b"][0]))
+        report.add(
+            Figure(
+                "pdrun 1F1B pipeline efficiency (busy fraction of the workers)",
+                measured,
+                "",
+                best_pd["1f1b"][0],
+            )
+        )
         report.add(Figure("planner's ideal efficiency for this plan", ideal, "", cmds[-1]))
-        report.add(Figure("measured efficiency / planner's ideal", measured / ideal, "", best_pd["1f1b"][0],
-                          target=">= 0.85", meets=check(measured / ideal, ">=", 0.85)))
+        report.add(
+            Figure(
+                "measured efficiency / planner's ideal",
+                measured / ideal,
+                "",
+                best_pd["1f1b"][0],
+                target=">= 0.85",
+                meets=check(measured / ideal, ">=", 0.85),
+            )
+        )
     return report
 
 
@@ -203,15 +248,31 @@ def _breakdown(runs: dict[str, PdrunRun], base: dict[str, Result]) -> list[dict[
         for r in pd_run.timing.ranks:
             rank = int(r["rank"])
             rest = r["total_s"] - r["compute_s"] - r["comm_s"] - r["idle_s"]
-            rows.append({"system": f"pdrun {label}", "rank": rank, "total_s": r["total_s"],
-                         "compute_s": r["compute_s"], "comm_wait_s": r["comm_s"] + r["idle_s"],
-                         "other_s": max(0.0, rest), **_parts(pd_run.parts.get(rank, {}))})
+            rows.append(
+                {
+                    "system": f"pdrun {label}",
+                    "rank": rank,
+                    "total_s": r["total_s"],
+                    "compute_s": r["compute_s"],
+                    "comm_wait_s": r["comm_s"] + r["idle_s"],
+                    "other_s": max(0.0, rest),
+                    **_parts(pd_run.parts.get(rank, {})),
+                }
+            )
     for system, res in base.items():
         for k in res.ranks:
             known = {**k.parts, "optimizer_s": k.optimizer_s} if k.parts else {}
-            rows.append({"system": system, "rank": k.rank, "total_s": k.total_s,
-                         "compute_s": k.compute_s + k.optimizer_s, "comm_wait_s": k.comm_s, "other_s": k.other_s,
-                         **_parts(known)})
+            rows.append(
+                {
+                    "system": system,
+                    "rank": k.rank,
+                    "total_s": k.total_s,
+                    "compute_s": k.compute_s + k.optimizer_s,
+                    "comm_wait_s": k.comm_s,
+                    "other_s": k.other_s,
+                    **_parts(known),
+                }
+            )
     return rows
 
 
@@ -241,4 +302,3 @@ def main(argv: list[str] | None = None) -> Report:
 if __name__ == "__main__":
     main()
     sys.exit(0)
-

@@ -35,8 +35,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--bandwidth", default="1e8", help="bytes/s between the two workers, as planned for")
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--train-args", default="--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --lr-schedule cosine",
-                        help="pdrun's training options")
+    parser.add_argument(
+        "--train-args",
+        default="--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --lr-schedule cosine",
+        help="pdrun's training options",
+    )
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -75,7 +78,9 @@ def _fmt(value: object, unit: str = "", scale: float = 1.0, digits: int = 2) -> 
     return f"{value * scale:.{digits}f}{unit}"
 
 
-def _print_summary(result: dict[str, object], plan: dict[str, object], predicted: dict[str, object], out: Path) -> None:
+def _print_summary(
+    result: dict[str, object], plan: dict[str, object], predicted: dict[str, object], out: Path
+) -> None:
     stages = plan.get("stages") or []
     assert isinstance(stages, list)
     shape = " | ".join(f"{len(s['layers'])} layers x{s['replicas']}" for s in stages)
@@ -86,12 +91,19 @@ def _print_summary(result: dict[str, object], plan: dict[str, object], predicted
     table.add_row("validation accuracy", _fmt(result.get("val_accuracy"), "%", 100.0, 1))
     table.add_row("final loss", _fmt(result.get("final_loss"), digits=4))
     table.add_row("throughput", _fmt(result.get("samples_per_s"), " samples/s", digits=1))
-    table.add_row("predicted time per minibatch", _fmt(predicted.get("simulated_time_per_minibatch_s"), " ms", 1000.0)
-                  + " (the plan's schedule simulated)")
+    table.add_row(
+        "predicted time per minibatch",
+        _fmt(predicted.get("simulated_time_per_minibatch_s"), " ms", 1000.0)
+        + " (the plan's schedule simulated)",
+    )
     table.add_row("measured time per minibatch", _fmt(result.get("time_per_minibatch_s"), " ms", 1000.0))
-    table.add_row("paper's bottleneck figure", _fmt(predicted.get("time_per_minibatch_s"), " ms", 1000.0)
-                  + " (slowest stage's compute alone)")
-    table.add_row("predicted speedup over data parallel", _fmt(predicted.get("speedup_over_data_parallel"), "x"))
+    table.add_row(
+        "paper's bottleneck figure",
+        _fmt(predicted.get("time_per_minibatch_s"), " ms", 1000.0) + " (slowest stage's compute alone)",
+    )
+    table.add_row(
+        "predicted speedup over data parallel", _fmt(predicted.get("speedup_over_data_parallel"), "x")
+    )
     for name in ("graph.json", "profile.parquet", "plan.json", "run.parquet", "summary.json"):
         table.add_row(name, str(out / name))
     console.print(table)

@@ -24,7 +24,9 @@ from shared.spec import RunSpec
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="zoo:resnet50")
     parser.add_argument("--data", default="zoo:synthetic_images")
     parser.add_argument("--data-arg", action="append", default=None, help="default: size=64")
@@ -36,7 +38,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         console.print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
         return 2
-    spec = RunSpec(model=args.model, data=args.data, data_args=parse_kv(args.data_arg or ["size=64"], "--data-arg"))
+    spec = RunSpec(
+        model=args.model, data=args.data, data_args=parse_kv(args.data_arg or ["size=64"], "--data-arg")
+    )
     graph = profile_spec(ProfileConfig(spec, args.batch_size, "cuda", args.warmup, args.repeats)).graph
     if args.output:
         save_graph(graph, args.output)
@@ -44,9 +48,20 @@ def main() -> int:
     console.print(heaviest(graph, 8))
     timing = graph.timing
     assert timing is not None and timing.ratio is not None
-    json.dump({"device": torch.cuda.get_device_name(), "model": args.model, "batch_size": args.batch_size,
-               "layers": len(graph.nodes), "step_ms": timing.step_ms, "layer_sum_ms": timing.layer_sum_ms,
-               "ratio": timing.ratio, **graph.graph}, sys.stdout, indent=2)
+    json.dump(
+        {
+            "device": torch.cuda.get_device_name(),
+            "model": args.model,
+            "batch_size": args.batch_size,
+            "layers": len(graph.nodes),
+            "step_ms": timing.step_ms,
+            "layer_sum_ms": timing.layer_sum_ms,
+            "ratio": timing.ratio,
+            **graph.graph,
+        },
+        sys.stdout,
+        indent=2,
+    )
     sys.stdout.write("\n")
     return 0 if 0.85 <= timing.ratio <= 1.15 else 1
 

@@ -39,9 +39,11 @@ def breakdown(rows: list[dict[str, Any]], path: Path) -> str:
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['system']} r{r['rank']}" for r in rows][::-1]
     left = [0.0] * len(rows)
-    parts = (("compute_s", "tab:green", "compute (fwd, bwd, loss, step)"),
-             ("comm_wait_s", "tab:orange", "communication and waiting"),
-             ("other_s", "tab:gray", "other (framework, bookkeeping)"))
+    parts = (
+        ("compute_s", "tab:green", "compute (fwd, bwd, loss, step)"),
+        ("comm_wait_s", "tab:orange", "communication and waiting"),
+        ("other_s", "tab:gray", "other (framework, bookkeeping)"),
+    )
     for key, color, label in parts:
         values = [_value(r.get(key)) for r in rows][::-1]
         ax.barh(labels, values, left=left, color=color, label=label)
@@ -58,7 +60,9 @@ def accuracy(rows: list[dict[str, Any]], target: float, path: Path) -> str:
     fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.4), sharey=True, squeeze=False)
     for ax, link in zip(axes[0], links, strict=True):
         for system in sorted({r["system"] for r in rows}):
-            pts = [(r["train_s"], r["val_accuracy"]) for r in rows if r["link"] == link and r["system"] == system]
+            pts = [
+                (r["train_s"], r["val_accuracy"]) for r in rows if r["link"] == link and r["system"] == system
+            ]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
         ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
@@ -75,8 +79,18 @@ def prediction(rows: list[dict[str, Any]], path: Path) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     names = [r["case"] for r in rows]
     y = list(range(len(names)))
-    ax.barh([i + 0.27 for i in y], [r["predicted_ms"] for r in rows], height=0.27, label="paper's bottleneck (pdplan)")
-    ax.barh(y, [r.get("simulated_ms", float("nan")) for r in rows], height=0.27, label="schedule simulated (pdplan)")
+    ax.barh(
+        [i + 0.27 for i in y],
+        [r["predicted_ms"] for r in rows],
+        height=0.27,
+        label="paper's bottleneck (pdplan)",
+    )
+    ax.barh(
+        y,
+        [r.get("simulated_ms", float("nan")) for r in rows],
+        height=0.27,
+        label="schedule simulated (pdplan)",
+    )
     ax.barh([i - 0.27 for i in y], [r["measured_ms"] for r in rows], height=0.27, label="measured (pdrun)")
     ax.set_yticks(y, names, fontsize=8)
     ax.invert_yaxis()
@@ -88,7 +102,11 @@ def prediction(rows: list[dict[str, Any]], path: Path) -> str:
 
 def planner_speed(rows: list[dict[str, Any]], path: Path) -> str | None:
     """Planner wall time against graph size, when the planner benchmark reports rows with both."""
-    pts = [(float(r["layers"]), float(r["plan_s"])) for r in rows if _num(r.get("layers")) and _num(r.get("plan_s"))]
+    pts = [
+        (float(r["layers"]), float(r["plan_s"]))
+        for r in rows
+        if _num(r.get("layers")) and _num(r.get("plan_s"))
+    ]
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(5, 3.4))

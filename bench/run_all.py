@@ -40,8 +40,17 @@ PLOTS = HERE / "results"
 EXTERNAL = {
     "bench_planner": ["python", "-m", "bench.bench_planner"],
     "bench_profiler": [
-        "python", "-m", "bench.bench_profiler", "--model", "zoo:mnist_cnn", "--data", "zoo:synthetic",
-        "--data-arg", "shape=(1,28,28)", "--batch-size", "64",
+        "python",
+        "-m",
+        "bench.bench_profiler",
+        "--model",
+        "zoo:mnist_cnn",
+        "--data",
+        "zoo:synthetic",
+        "--data-arg",
+        "shape=(1,28,28)",
+        "--batch-size",
+        "64",
     ],
 }
 
@@ -70,7 +79,12 @@ def _run_external(name: str, cmd: list[str], timeout_s: float, log: list[str]) -
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     try:
         done = subprocess.run(
-            [sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+            [sys.executable, *cmd[1:]],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         log.append(f"- `{name}` did not finish within {timeout_s:.0f} s")
@@ -96,7 +110,9 @@ def _fmt(value: Any) -> str:
             return "-"
         if value != 0 and abs(value) < 0.01:
             return f"{value:.2e}"
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+        return (
+            f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+        )
     return str(value).replace("|", "\\|")
 
 
@@ -156,28 +172,50 @@ def external_figures(name: str, ext: dict[str, Any] | None) -> Report | None:
             if not isinstance(row, dict) or not isinstance(row.get("plan_s"), (int, float)):
                 continue
             target = row.get("target_s")
-            rep.add(Figure(
-                f"planner seconds: {row.get('case')} ({row.get('layers')} layers)", float(row["plan_s"]), " s",
-                f"{ext['command']} --only {row.get('case')}",
-                target=f"<= {target}" if target is not None else "",
-                meets=check(float(row["plan_s"]), "<=", float(target)) if target is not None else None,
-            ))
+            rep.add(
+                Figure(
+                    f"planner seconds: {row.get('case')} ({row.get('layers')} layers)",
+                    float(row["plan_s"]),
+                    " s",
+                    f"{ext['command']} --only {row.get('case')}",
+                    target=f"<= {target}" if target is not None else "",
+                    meets=check(float(row["plan_s"]), "<=", float(target)) if target is not None else None,
+                )
+            )
             if isinstance(row.get("faster"), (int, float)):
-                rep.add(Figure(f"paper's optimizer time / ours: {row.get('case')}", float(row["faster"]), "x",
-                               f"{ext['command']} --only {row.get('case')}"))
+                rep.add(
+                    Figure(
+                        f"paper's optimizer time / ours: {row.get('case')}",
+                        float(row["faster"]),
+                        "x",
+                        f"{ext['command']} --only {row.get('case')}",
+                    )
+                )
     if name == "bench_profiler" and isinstance(result, dict):
         for i, run in enumerate(result.get("runs") or []):
             if isinstance(run, dict) and isinstance(run.get("ratio"), (int, float)):
                 ratio = float(run["ratio"])
-                rep.add(Figure(f"pdprof layer sum / whole step, {result.get('model')} (run {i + 1})", ratio, "",
-                               ext["command"], target="0.85 .. 1.15",
-                               meets=check(ratio, ">=", 0.85) and check(ratio, "<=", 1.15)))
+                rep.add(
+                    Figure(
+                        f"pdprof layer sum / whole step, {result.get('model')} (run {i + 1})",
+                        ratio,
+                        "",
+                        ext["command"],
+                        target="0.85 .. 1.15",
+                        meets=check(ratio, ">=", 0.85) and check(ratio, "<=", 1.15),
+                    )
+                )
     return rep
 
 
 def write_results(
-    reports: dict[str, Report | None], external: dict[str, dict[str, Any] | None], log: list[str],
-    plot_files: dict[str, str], quick: bool, seconds: float, load: tuple[float, float],
+    reports: dict[str, Report | None],
+    external: dict[str, dict[str, Any] | None],
+    log: list[str],
+    plot_files: dict[str, str],
+    quick: bool,
+    seconds: float,
+    load: tuple[float, float],
 ) -> str:
     done = [r for r in reports.values() if r is not None]
     done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
@@ -195,8 +233,11 @@ def write_results(
         "",
     ]
     if quick:
-        lines += ["**A `--quick` run: a few steps of each benchmark. These numbers check the harness; they are "
-                  "not the figures.**", ""]
+        lines += [
+            "**A `--quick` run: a few steps of each benchmark. These numbers check the harness; they are "
+            "not the figures.**",
+            "",
+        ]
     lines += ["## The figures", "", *_figures(done), ""]
     for key, rep in reports.items():
         if rep is None:
@@ -224,10 +265,14 @@ def _torch_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the harness)")
     parser.add_argument("--work", default="bench/out", help="where artifacts go")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these: runtime predict accuracy planner profiler")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="run only these: runtime predict accuracy planner profiler"
+    )
     args = parser.parse_args(argv)
     from bench import bench_accuracy, bench_predict, bench_runtime
 
@@ -254,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             rep.plots.append(plots.prediction(rep.tables["prediction"], PLOTS / "prediction.png"))
         reports["predict"] = rep
     if "accuracy" in wanted:
-        acc = _run_internal("bench_accuracy", lambda: bench_accuracy.main(["--work", str(work), *quick])[0], log)
+        acc = _run_internal(
+            "bench_accuracy", lambda: bench_accuracy.main(["--work", str(work), *quick])[0], log
+        )
         if acc is not None:
             cfg = bench_accuracy.QUICK if args.quick else bench_accuracy.Config()
             acc.plots.append(plots.accuracy(acc.tables["curves"], cfg.target, PLOTS / "time_to_accuracy.png"))
@@ -274,8 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     load = (load_start, os.getloadavg()[0])
     text = write_results(reports, external, log, plot_files, args.quick, seconds, load)
     atomic_write_bytes(RESULTS_MD, text.encode("utf-8"))
-    console.print(f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
-                  f"plots in {os.path.relpath(PLOTS)}/")
+    console.print(
+        f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
+        f"plots in {os.path.relpath(PLOTS)}/"
+    )
     failed = [line for line in log if "failed" in line or "did not finish" in line]
     return 1 if failed else 0
 

@@ -66,5 +66,9 @@ def ddp_hook(bandwidth: float | None, world: int) -> Callable[[Any, Any], Any]:
 
     # DDP checks the hook's annotations; under postponed evaluation they would be strings.
     bucket_type: Any = dist.GradBucket  # type: ignore[attr-defined]
-    hook.__annotations__ = {"state": object, "bucket": bucket_type, "return": torch.futures.Future[torch.Tensor]}
+    hook.__annotations__ = {
+        "state": object,
+        "bucket": bucket_type,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     return hook

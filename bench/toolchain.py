@@ -46,7 +46,9 @@ def call(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) ->
     full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env or {}))
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, check=False)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, check=False
+        )
     except subprocess.TimeoutExpired:
         raise RunError(f"{pretty(cmd)}: no answer within {timeout_s:.0f} s") from None
     seconds = time.perf_counter() - t0

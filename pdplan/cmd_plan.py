@@ -153,5 +153,3 @@ def plan(
         + simulated_text(pred, "; ")
         + (f" -> {out}" if out else "")
     )
-
-

@@ -45,7 +45,10 @@ def with_simulation(plan: Plan, graph: LayerGraph) -> Plan:
     sim = simulate_plan(graph, plan)
     # The bubble is 1 - busy / total: clamp the float rounding of a bubble-free schedule (-5e-17).
     bubble = min(1.0, max(0.0, sim.bubble))
-    update = {"simulated_time_per_minibatch_s": max(0.0, sim.time_per_minibatch_s), "simulated_bubble": bubble}
+    update = {
+        "simulated_time_per_minibatch_s": max(0.0, sim.time_per_minibatch_s),
+        "simulated_bubble": bubble,
+    }
     return plan.model_copy(update={"predicted": plan.predicted.model_copy(update=update)})
 
 

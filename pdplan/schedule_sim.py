@@ -83,7 +83,9 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
     readers = {owner[n.id] for n in graph.nodes if n.op == "input" and n.id in owner}
     for s in readers:
         forward[s] += _extra_ms(graph, "data_ms") / 1000
-    backward[last] += (_extra_ms(graph, "loss_backward_ms") + _extra_ms(graph, "unattributed_backward_ms")) / 1000
+    backward[last] += (
+        _extra_ms(graph, "loss_backward_ms") + _extra_ms(graph, "unattributed_backward_ms")
+    ) / 1000
     overhead = _extra_ms(graph, "update_overhead_ms") / 1000
     step = [u + overhead if u > 0 else 0.0 for u in update]
 

@@ -10,7 +10,9 @@ from torch.utils.data import default_collate
 from shared.errors import SpecError
 
 
-def first_batch(dataset: Any, batch_size: int, device: torch.device, spec: str = "dataset") -> tuple[tuple[Any, ...], Any]:
+def first_batch(
+    dataset: Any, batch_size: int, device: torch.device, spec: str = "dataset"
+) -> tuple[tuple[Any, ...], Any]:
     """The first ``batch_size`` samples (repeated when the dataset is smaller), collated.
 
     Returns ``(inputs, target)``: ``inputs`` is the tuple of positional arguments of the model,

@@ -12,7 +12,10 @@ main = tool_group(
     lazy={
         "profile": ("pdprof.cmd_profile:profile", "Profile a model (the default command)."),
         "zoo": ("pdprof.cmd_zoo:zoo", "List the built-in models and datasets."),
-        "import-pipedream": ("pdprof.cmd_import:import_pipedream", "Convert a PipeDream profile (graph.txt)."),
+        "import-pipedream": (
+            "pdprof.cmd_import:import_pipedream",
+            "Convert a PipeDream profile (graph.txt).",
+        ),
         "show": ("pdprof.cmd_show:show", "Show a layer graph as a table of layers."),
     },
 )

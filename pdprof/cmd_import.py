@@ -12,9 +12,16 @@ from shared.io import display_name, read_text, write_output
 
 @click.command("import-pipedream")
 @click.argument("profile", default="-", metavar="GRAPH_TXT")
-@click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
-@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1),
-              help="The batch size the profile was taken at (PipeDream's files do not record it).")
+@click.option(
+    "-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout)."
+)
+@click.option(
+    "--batch-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The batch size the profile was taken at (PipeDream's files do not record it).",
+)
 def import_pipedream(profile: str, out: str | None, batch_size: int) -> None:
     """Convert PipeDream's profile file GRAPH_TXT (or - for stdin) into a pdprof.graph/1 layer graph.
 

@@ -36,34 +36,97 @@ def _progress_bar() -> Iterator[Progress]:
 
 
 @click.command("profile")
-@click.option("--model", "model", required=True, metavar="SPEC",
-              help="zoo:NAME, package.module:callable or path/to/file.py:callable returning an nn.Module.")
-@click.option("--data", "data", required=True, metavar="SPEC",
-              help="A dataset spec (same forms) giving (input, target) pairs; the first batch is profiled.")
-@click.option("--batch-size", required=True, type=click.IntRange(min=1), help="Samples per batch (minibatch).")
+@click.option(
+    "--model",
+    "model",
+    required=True,
+    metavar="SPEC",
+    help="zoo:NAME, package.module:callable or path/to/file.py:callable returning an nn.Module.",
+)
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    metavar="SPEC",
+    help="A dataset spec (same forms) giving (input, target) pairs; the first batch is profiled.",
+)
+@click.option(
+    "--batch-size", required=True, type=click.IntRange(min=1), help="Samples per batch (minibatch)."
+)
 @click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]", help="Where to run.")
-@click.option("--model-arg", "model_args", multiple=True, metavar="K=V", help="Keyword argument for the model callable.")
-@click.option("--data-arg", "data_args", multiple=True, metavar="K=V", help="Keyword argument for the dataset callable.")
-@click.option("--loss", default="cross_entropy", show_default=True, metavar="SPEC",
-              help="cross_entropy, mse, or a callable spec loss(output, target).")
-@click.option("--depth", type=click.IntRange(min=1), default=None,
-              help="Keep every module this deep (1 = the model's direct children) as one layer.")
-@click.option("--leaf-module", "leaf_modules", multiple=True, metavar="NAME",
-              help="Keep modules of this class (name or module.QualName) as single layers; repeatable.")
-@click.option("--warmup", default=4, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first.")
-@click.option("--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds (medians).")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
-@click.option("--steady-malloc/--no-steady-malloc", default=True, show_default=True,
-              help="CPU: fix glibc malloc's mmap/trim thresholds so figures repeat from run to run.")
-@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True,
-              help="The optimizer whose step is timed per layer (update_ms): the one pdrun will run.")
-@click.option("--momentum", default=0.0, show_default=True, type=click.FloatRange(min=0), help="SGD momentum, as pdrun's --momentum.")
-@click.option("--concurrent", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
-              help="CPU: profile beside N-1 sibling processes training the same model, as N workers on this host will run.")
-@click.option("--memory-format", type=click.Choice(["auto", "contiguous", "channels-last"]), default="auto",
-              show_default=True, help="The activations' layout, as pdrun's --memory-format (auto: channels-last for "
-              "float32 CNNs on CPU).")
-@click.option("-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout).")
+@click.option(
+    "--model-arg", "model_args", multiple=True, metavar="K=V", help="Keyword argument for the model callable."
+)
+@click.option(
+    "--data-arg", "data_args", multiple=True, metavar="K=V", help="Keyword argument for the dataset callable."
+)
+@click.option(
+    "--loss",
+    default="cross_entropy",
+    show_default=True,
+    metavar="SPEC",
+    help="cross_entropy, mse, or a callable spec loss(output, target).",
+)
+@click.option(
+    "--depth",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Keep every module this deep (1 = the model's direct children) as one layer.",
+)
+@click.option(
+    "--leaf-module",
+    "leaf_modules",
+    multiple=True,
+    metavar="NAME",
+    help="Keep modules of this class (name or module.QualName) as single layers; repeatable.",
+)
+@click.option(
+    "--warmup", default=4, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first."
+)
+@click.option(
+    "--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds (medians)."
+)
+@click.option(
+    "--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads."
+)
+@click.option(
+    "--steady-malloc/--no-steady-malloc",
+    default=True,
+    show_default=True,
+    help="CPU: fix glibc malloc's mmap/trim thresholds so figures repeat from run to run.",
+)
+@click.option(
+    "--optimizer",
+    type=click.Choice(["sgd", "adam"]),
+    default="sgd",
+    show_default=True,
+    help="The optimizer whose step is timed per layer (update_ms): the one pdrun will run.",
+)
+@click.option(
+    "--momentum",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="SGD momentum, as pdrun's --momentum.",
+)
+@click.option(
+    "--concurrent",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="CPU: profile beside N-1 sibling processes training the same model, as N workers on this host will run.",
+)
+@click.option(
+    "--memory-format",
+    type=click.Choice(["auto", "contiguous", "channels-last"]),
+    default="auto",
+    show_default=True,
+    help="The activations' layout, as pdrun's --memory-format (auto: channels-last for float32 CNNs on CPU).",
+)
+@click.option(
+    "-o", "--output", "out", default=None, metavar="FILE", help="Write the graph here (default: stdout)."
+)
 @click.option("--table", "table", default=None, metavar="FILE", help="Write the raw samples here (Parquet).")
 def profile(
     model: str,
@@ -104,7 +167,17 @@ def profile(
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     )
     config = ProfileConfig(
-        spec, batch_size, device, warmup, repeats, threads, steady_malloc, optimizer, momentum, concurrent, memory_format
+        spec,
+        batch_size,
+        device,
+        warmup,
+        repeats,
+        threads,
+        steady_malloc,
+        optimizer,
+        momentum,
+        concurrent,
+        memory_format,
     )
     with _progress_bar() as bar:
         task = bar.add_task("loading", total=None)
@@ -116,4 +189,6 @@ def profile(
     if table is not None:
         save_table(result.table, table, PROFILE_TABLE, result.table_meta)
     write_output(graph_json(result.graph), out)
-    console.print(summary_line(result.graph) + (f" -> {out}" if out else "") + (f", table -> {table}" if table else ""))
+    console.print(
+        summary_line(result.graph) + (f" -> {out}" if out else "") + (f", table -> {table}" if table else "")
+    )

@@ -29,7 +29,9 @@ def _number(text: str, source: str, where: str, name: str) -> float:
     except ValueError:
         raise ArtifactError(source, where, f"{name}: expected a number, got {text.strip()!r}") from None
     if value != value or value < 0 or value == float("inf"):
-        raise ArtifactError(source, where, f"{name}: expected a finite non-negative number, got {text.strip()!r}")
+        raise ArtifactError(
+            source, where, f"{name}: expected a finite non-negative number, got {text.strip()!r}"
+        )
     return value
 
 
@@ -46,21 +48,31 @@ def parse_pipedream(text: str, source: str, batch_size: int = 1) -> LayerGraph:
         if raw.startswith("\t"):
             parts = raw.strip().split(" -- ")
             if len(parts) != 2 or not all(parts):
-                raise ArtifactError(source, where, f"expected an edge '\\tnodeA -- nodeB', got {raw.strip()!r}")
+                raise ArtifactError(
+                    source, where, f"expected an edge '\\tnodeA -- nodeB', got {raw.strip()!r}"
+                )
             edges.append(Edge(source=parts[0], target=parts[1]))
             edge_lines.append(lineno)
             continue
         head, sep, figures = raw.rpartition(" -- ")
         node_id, sep2, desc = head.partition(" -- ")
         if not sep or not sep2 or not node_id:
-            raise ArtifactError(source, where, f"expected 'nodeN -- Desc -- {', '.join(f + '=...' for f in _FIELDS)}'")
+            raise ArtifactError(
+                source, where, f"expected 'nodeN -- Desc -- {', '.join(f + '=...' for f in _FIELDS)}'"
+            )
         match = _FIGURES.match(figures.strip())
         if match is None:
-            raise ArtifactError(source, where, f"expected figures {', '.join(f + '=...' for f in _FIELDS)}; got {figures.strip()[:60]!r}")
+            raise ArtifactError(
+                source,
+                where,
+                f"expected figures {', '.join(f + '=...' for f in _FIELDS)}; got {figures.strip()[:60]!r}",
+            )
         act_text = match["a"].strip()
         parts_bytes: list[float] | None = None
         if act_text.startswith("["):
-            parts_bytes = [_number(p, source, where, "activation_size") for p in act_text[1:-1].split(";") if p.strip()]
+            parts_bytes = [
+                _number(p, source, where, "activation_size") for p in act_text[1:-1].split(";") if p.strip()
+            ]
             activation = sum(parts_bytes)
         else:
             activation = _number(act_text, source, where, "activation_size")

@@ -54,7 +54,9 @@ class ProfileConfig:
     optimizer: OptimizerName = "sgd"  # the optimizer whose step is timed per layer (as pdrun will run it)
     momentum: float = 0.0
     concurrent: int = 1  # CPU: profile beside concurrent-1 sibling trainers (pdprof.siblings)
-    memory_format: MemoryFormat = "auto"  # the activations' layout, decided as pdrun decides it (shared.layout)
+    memory_format: MemoryFormat = (
+        "auto"  # the activations' layout, decided as pdrun decides it (shared.layout)
+    )
 
 
 @dataclass
@@ -72,7 +74,9 @@ def _device(name: str) -> torch.device:
     except RuntimeError:
         raise UserError(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
+        raise UserError(
+            f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device cpu"
+        )
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"--device {name}: only cpu and cuda are supported")
     return device
@@ -90,9 +94,13 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
     loss_fn = resolve_loss(spec.loss)
     inputs, target = first_batch(dataset, config.batch_size, device, spec.data)
     if config.concurrent > 1 and device.type != "cpu":
-        raise UserError("--concurrent: only for CPU workers sharing a host; on a GPU each worker has its own device")
+        raise UserError(
+            "--concurrent: only for CPU workers sharing a host; on a GPU each worker has its own device"
+        )
     with siblings(spec, config.batch_size, config.concurrent - 1, config.threads):
-        return profile_model(model, inputs, target, loss_fn, config, progress, data_loader(dataset, config.batch_size))
+        return profile_model(
+            model, inputs, target, loss_fn, config, progress, data_loader(dataset, config.batch_size)
+        )
 
 
 def data_loader(dataset: Any, batch_size: int) -> Callable[[], Any]:
@@ -100,7 +108,9 @@ def data_loader(dataset: Any, batch_size: int) -> Callable[[], Any]:
     generator = torch.Generator().manual_seed(0)
 
     def load() -> Any:
-        inputs, _ = gather(dataset, torch.randint(len(dataset), (batch_size,), generator=generator), target=False)
+        inputs, _ = gather(
+            dataset, torch.randint(len(dataset), (batch_size,), generator=generator), target=False
+        )
         return inputs
 
     return load
@@ -156,7 +166,7 @@ def profile_model(
         for r in range(rounds):
             # Alternate which of the two goes first, so neither always runs on a warmer cache.
             results: dict[int, Any] = {}
-            for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+            for k in (0, 1) if r % 2 == 0 else (1, 0):
                 results[k] = pair[k]()
                 if k == 1:
                     results[2] = updater.time()  # the profiled step's gradients are still set
@@ -175,7 +185,16 @@ def profile_model(
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
         return _assemble(
-            traced, sizes, steps, samples, (updates, overheads, loads), inputs, config, device, clock, steady,
+            traced,
+            sizes,
+            steps,
+            samples,
+            (updates, overheads, loads),
+            inputs,
+            config,
+            device,
+            clock,
+            steady,
             channels_last,
         )
     finally:
@@ -214,9 +233,13 @@ def _first_line(exc: BaseException) -> str:
 
 def _check_loss(loss: Any, spec: str) -> None:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
-        what = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        what = (
+            f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        )
         why = "" if not isinstance(loss, torch.Tensor) or loss.dim() != 0 else " that does not require grad"
-        raise UserError(f"loss {spec!r}: returned {what}{why}; expected a scalar tensor to call backward() on")
+        raise UserError(
+            f"loss {spec!r}: returned {what}{why}; expected a scalar tensor to call backward() on"
+        )
 
 
 def _median(values: list[float]) -> float:
@@ -251,11 +274,15 @@ def _assemble(
         medians: dict[str, float] = {}
         for phase in ("forward", "backward"):
             values = [0.0 if layer.op == "input" else s.of(phase).get(layer.name, 0.0) for s in samples]
-            rows += [{"layer": layer.name, "phase": phase, "repeat": i, "ms": v} for i, v in enumerate(values)]
+            rows += [
+                {"layer": layer.name, "phase": phase, "repeat": i, "ms": v} for i, v in enumerate(values)
+            ]
             medians[phase] = _median(values)
         if layer.name in updates[0]:
             values = [u[layer.name] for u in updates]
-            rows += [{"layer": layer.name, "phase": "update", "repeat": i, "ms": v} for i, v in enumerate(values)]
+            rows += [
+                {"layer": layer.name, "phase": "update", "repeat": i, "ms": v} for i, v in enumerate(values)
+            ]
         medians["update"] = _median([u.get(layer.name, 0.0) for u in updates])
         nodes.append(
             Node(
@@ -299,7 +326,9 @@ def _assemble(
         "memory_format": "channels-last" if channels_last else "contiguous",
         "concurrent": config.concurrent,
         "host": platform.node(),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
     }
     graph = LayerGraph(
         spec=config.spec,

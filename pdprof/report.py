@@ -123,7 +123,9 @@ def timing_note(graph: LayerGraph) -> Text:
     return Text(text)
 
 
-def render(graph: LayerGraph, name: str, top: int = 5, order: str = "graph", wide: bool = True) -> RenderableType:
+def render(
+    graph: LayerGraph, name: str, top: int = 5, order: str = "graph", wide: bool = True
+) -> RenderableType:
     """The whole report: the layers, the timing note and the heaviest layers."""
     parts: list[RenderableType] = [layers_table(graph, name, order, wide), timing_note(graph)]
     if top > 0:

@@ -66,7 +66,11 @@ def siblings(spec: RunSpec, batch_size: int, count: int, threads: int = 1) -> It
     try:
         for p, r in zip(procs, ready, strict=True):
             if not r.wait(START_TIMEOUT_S):
-                why = f"exited with {p.exitcode}" if p.exitcode is not None else f"not ready in {START_TIMEOUT_S:.0f} s"
+                why = (
+                    f"exited with {p.exitcode}"
+                    if p.exitcode is not None
+                    else f"not ready in {START_TIMEOUT_S:.0f} s"
+                )
                 raise UserError(f"--concurrent: a sibling process training {spec.model} {why}")
         yield
     finally:

@@ -56,7 +56,11 @@ class StepTimes:
 def _claim(value: Any, name: str, owner: dict[Node, str]) -> None:
     """Give ``name`` every autograd node reachable from ``value`` that no earlier layer owns."""
     # get_gradient_edge gives a tensor's grad_fn, or a leaf's (a parameter's) AccumulateGrad node.
-    stack: list[Node | None] = [get_gradient_edge(t).node for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.requires_grad]
+    stack: list[Node | None] = [
+        get_gradient_edge(t).node
+        for t in tree_leaves(value)
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
     while stack:
         fn = stack.pop()
         if fn is None or fn in owner:
