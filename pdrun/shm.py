@@ -74,6 +74,20 @@ def _path(job: str, src: int, dst: int, tag: int, gen: int) -> Path:
     return SHM_DIR / f"pdrun-{job}-{src}-{dst}-{tag}-{gen}"
 
 
+def map_shared(path: Path, size: int) -> torch.Tensor:
+    """``size`` bytes of the file ``path``, mapped shared; created (all zeros) if it is not there yet.
+
+    Every process that maps a file this way sees the same bytes, whichever came first: a
+    second ``ftruncate`` to the same size changes nothing.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    return torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+
+
 def run_job(run_id: str, master_port: int) -> str:
     """The links' name for one run: every rank derives it alike, and no other run shares its port."""
     return f"{run_id}-{master_port}"
@@ -148,13 +162,7 @@ class _Bell:
     def __init__(self, path: Path, receiver: bool) -> None:
         self.path = path
         size = 8 * (_BELL_FIELDS + 4 * RING)
-        # Either end may come first: both create-or-open, and a new file is zeros (nothing posted).
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
-        self.mem = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+        self.mem = map_shared(path, size)  # either end may come first; a new bell: nothing posted
         self.words: np.ndarray = self.mem.numpy().view(np.int64)
         self.word32: np.ndarray = self.mem.numpy().view(np.int32)
         self.address = self.mem.data_ptr() + 4 * _WORD

@@ -16,14 +16,13 @@ finished reading step t-1, whose regions step t+1 reuses.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from pdrun.shm import SHM_DIR
+from pdrun.shm import SHM_DIR, map_shared
 from shared.errors import RunError
 
 _ALIGN = 64
@@ -58,13 +57,7 @@ class ShmAllReduce:
         self.start_bytes = _aligned(8 * n)
         size = self.start_bytes + 2 * n * total
         path = SHM_DIR / f"pdrun-{job}-reduce-{stage}"
-        # Every replica creates or opens the same file; a new one is zeros (no bucket published).
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
-        self.mem = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+        self.mem = map_shared(path, size)  # every replica maps the same file; new: no bucket published
         dist.barrier(group=group)  # every replica has it mapped: the name can go
         path.unlink(missing_ok=True)
         self.published = self.mem[: 8 * n].view(torch.int64)

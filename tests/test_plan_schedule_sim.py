@@ -9,6 +9,7 @@ reaches the bottleneck stage's time.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -160,13 +161,9 @@ def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_p
     assert f"schedule simulated: {p.predicted.simulated_time_per_minibatch_s * 1000:.3f}" in shown.output
 
 
-def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    g = chain(3, extras=False)
-    save_graph(g, tmp_path / "g.json")
-    out = tmp_path / "p.json"
-    args = [
-        "plan",
-        str(tmp_path / "g.json"),
+def _gpipe_args(graph: Path, out: Path, *extra: str) -> list[str]:
+    """pdplan's arguments for a straight 3-worker GPipe plan of ``graph`` with 4 microbatches."""
+    fixed = [
         "--workers",
         "3",
         "--bandwidth",
@@ -176,13 +173,15 @@ def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:
         "gpipe",
         "--microbatches",
         "4",
-        "--latency",
-        "2e-4",
-        "--blocking-sends",
-        "no",
-        "-o",
-        str(out),
     ]
+    return ["plan", str(graph), *fixed, *extra, "-o", str(out)]
+
+
+def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = chain(3, extras=False)
+    save_graph(g, tmp_path / "g.json")
+    out = tmp_path / "p.json"
+    args = _gpipe_args(tmp_path / "g.json", out, "--latency", "2e-4", "--blocking-sends", "no")
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     p = load_plan(out)
@@ -192,7 +191,7 @@ def test_latency_adds_to_every_transfer_and_the_cli_checks_it(tmp_path) -> None:
     assert p.predicted is not None and p.predicted.simulated_time_per_minibatch_s is not None
     assert p.predicted.simulated_time_per_minibatch_s * 1000 == pytest.approx(step / 4, rel=1e-9)
     for bad in ("1e-3,1e-3", "-1", "inf"):
-        r = CliRunner().invoke(main, [a for a in args[:-6]] + ["--latency", bad])
+        r = CliRunner().invoke(main, _gpipe_args(tmp_path / "g.json", out, "--latency", bad))
         assert r.exit_code == 2 and "--latency" in r.output, (bad, r.output)
 
 
@@ -202,23 +201,7 @@ def test_blocking_sends_slow_the_simulation_and_auto_follows_pdrun(tmp_path) -> 
     simulated = {}
     for mode in ("no", "yes", "auto"):
         out = tmp_path / f"{mode}.json"
-        args = [
-            "plan",
-            str(tmp_path / "g.json"),
-            "--workers",
-            "3",
-            "--bandwidth",
-            "1e9",
-            "--straight",
-            "--schedule",
-            "gpipe",
-            "--microbatches",
-            "4",
-            "--blocking-sends",
-            mode,
-            "-o",
-            str(out),
-        ]
+        args = _gpipe_args(tmp_path / "g.json", out, "--blocking-sends", mode)
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 0, r.output
         p = load_plan(out)
