@@ -6,8 +6,8 @@ the 1 GB/s one might guess). ``pdrun link`` starts two processes on this machine
 them the way pdrun's workers on one host are joined (shared memory, pdrun/shm.py, where
 ``--transport auto`` would use it; else the backend), and times round trips of a small and
 a large message, with each receive posted before its message is sent (as pdrun's workers
-post theirs) and, through shared memory, the values used where they arrive (as pdrun's
-workers hold them) and sent back from there. Half a round trip is the one-way time of a
+post theirs) and, through shared memory, the values read where they arrive (as pdrun's
+workers use them in place). Half a round trip is the one-way time of a
 size; the latency is the small message's one-way time and the bandwidth the large
 message's extra bytes over its extra time.
 """
@@ -61,33 +61,40 @@ def shm_usable(backend: str) -> bool:
 
 # Bytes of source buffers the shared-memory probe rotates through: more than a last-level cache, so
 # that each message is copied from memory, as a freshly computed activation mostly is, not from a
-# cache still warm from the last round trip (which measured ~50 GB/s here instead of ~6).
+# cache still warm from the last round trip (which measured ~50 GB/s here instead of ~30).
 _COLD_BYTES = 64 << 20
 
 
 def _shm_round_trips(links: ShmLinks, rank: int, buf: torch.Tensor, repeats: int) -> list[float]:
-    """Round trips through shared-memory links: values into a slot, the header through the bell."""
+    """Round trips through shared-memory links: values into a slot, the header through the bell.
+
+    Each end reads what it received where it lies before it answers, as a stage's first layer
+    reads its input (or a backward its incoming gradient) in place: a message has arrived when
+    its bytes have crossed to the receiver's core, which is where a pipeline pays for them.
+    """
     peer, times = 1 - rank, []
-    sources = [torch.rand_like(buf) for _ in range(max(1, _COLD_BYTES // (buf.numel() * buf.element_size())))]
+    count = max(1, _COLD_BYTES // (buf.numel() * buf.element_size()))
+    sources = [torch.rand_like(buf) for _ in range(count)]
+    out_tag, in_tag = (1, 2) if rank == 0 else (2, 1)
     for i in range(repeats + 2):  # two warm-up round trips
+        start = time.perf_counter()
+        if rank == 1:
+            _receive(links, peer, in_tag, buf, i)
+        slot, gen = links.put([sources[i % count]], peer, out_tag)
+        links.ring([i, 0, slot, gen], peer, out_tag)
         if rank == 0:
-            start = time.perf_counter()
-            slot, gen = links.put([sources[i % len(sources)]], peer, 1)
-            links.ring([i, 0, slot, gen], peer, 1)
-            _, _, slot, gen = links.listen(peer, 2, "link probe", i)
-            _, lease = links.take(slot, gen, [buf], peer, 2, hold=True)
-            if lease is not None:
-                lease.release()
+            _receive(links, peer, in_tag, buf, i)
             if i >= 2:
                 times.append(time.perf_counter() - start)
-        else:
-            _, _, slot, gen = links.listen(peer, 1, "link probe", i)
-            got, lease = links.take(slot, gen, [buf], peer, 1, hold=True)
-            back_slot, back_gen = links.put(got, peer, 2)  # from where it arrived, as a stage sends on
-            if lease is not None:
-                lease.release()
-            links.ring([i, 0, back_slot, back_gen], peer, 2)
     return times
+
+
+def _receive(links: ShmLinks, peer: int, tag: int, like: torch.Tensor, i: int) -> None:
+    _, _, slot, gen = links.listen(peer, tag, "link probe", i)
+    got, lease = links.take(slot, gen, [like], peer, tag, hold=True)
+    got[0].sum()  # read in place, as the next layer will
+    if lease is not None:
+        lease.release()
 
 
 def _worker(
