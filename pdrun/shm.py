@@ -127,9 +127,8 @@ class _Link:
         fields = mem[: 8 * _FIELDS].view(torch.int64)
         self.slot_bytes = int(fields[0])
         self.slots = int(fields[1])
-        self.full: np.ndarray = mem.numpy()[8 * _FIELDS : 8 * (_FIELDS + self.slots)].view(
-            np.int64
-        )  # per slot
+        flags = mem.numpy()[8 * _FIELDS : 8 * (_FIELDS + self.slots)]
+        self.full: np.ndarray = flags.view(np.int64)  # per slot: 1 while it holds a message not yet freed
         self.start = _control_bytes(self.slots)
         self.held = 0  # receiver: slots it holds for later release
 
