@@ -64,7 +64,7 @@ class PostedRecv:
     tensors: list[torch.Tensor]
     works: list[dist.Work]
     tag: int = 0
-    header_only: bool = False  # shared memory: the header comes through a bell, the values from a slot
+    via_shm: bool = False  # through shared memory: the header from a bell, the values from a slot
     hold: bool = False  # shared memory: use the values in their slot until ``Comm.release`` of the unit
 
 
@@ -145,7 +145,7 @@ class Comm:
         out = [header, *(b.to(self.wire) for b in buffers)]
         if self.shm is not None:
             # Nothing to post: the header comes through the link's bell, naming the slot of the values.
-            return PostedRecv(src, out, [], tag, header_only=True, hold=hold)
+            return PostedRecv(src, out, [], tag, via_shm=True, hold=hold)
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
         return PostedRecv(src, out, works, tag)
 
@@ -153,7 +153,7 @@ class Comm:
         """Wait at most ``timeout`` for a posted receive; returns (version, buffers)."""
         src, out = posted.src, posted.tensors
         values = out[1:]
-        if posted.header_only:
+        if posted.via_shm:
             assert self.shm is not None
             got, version, slot, gen = self.shm.listen(src, posted.tag, what, unit)
         else:
@@ -163,7 +163,7 @@ class Comm:
             raise RunError(
                 f"rank {self.rank}: expected {what} of unit {unit} from rank {src}, got unit {got}"
             )
-        if posted.header_only and values:
+        if posted.via_shm and values:
             assert self.shm is not None
             if slot < 0:
                 raise RunError(
