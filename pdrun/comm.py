@@ -89,7 +89,7 @@ class Comm:
         self.pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
         self.bandwidth = emulated_bandwidth()
         self.send_thread = send_thread  # send_thread_pays: else the worker posts its own sends
-        self.shm = shm if self.bandwidth is None else None  # the emulated link sleeps per byte sent over gloo
+        self.shm = shm
         self.poster: _Poster | None = None  # started with the first send
         self.leases: dict[int, list[Lease]] = {}  # by unit: slots whose values it uses in place
 
@@ -141,11 +141,12 @@ class Comm:
         through shared memory may stay in their slot, instead of being copied into ``buffers``,
         until the caller's ``release`` of the unit.
         """
-        header = torch.empty(4, dtype=torch.int64, device=self.wire)
-        out = [header, *(b.to(self.wire) for b in buffers)]
         if self.shm is not None:
             # Nothing to post: the header comes through the link's bell, naming the slot of the values.
-            return PostedRecv(src, out, [], tag, via_shm=True, hold=hold)
+            no_header = torch.empty(0)  # it comes through the bell; the values keep their place after it
+            return PostedRecv(src, [no_header, *buffers], [], tag, via_shm=True, hold=hold)
+        header = torch.empty(4, dtype=torch.int64, device=self.wire)
+        out = [header, *(b.to(self.wire) for b in buffers)]
         works = [w for w in (dist.irecv(t, src=src, tag=tag) for t in out) if w is not None]
         return PostedRecv(src, out, works, tag)
 

@@ -106,28 +106,36 @@ def _worker(
     )
     links = ShmLinks(f"link-{port}", rank, 60.0) if shm else None
     try:
-        peer = 1 - rank
         for size in sizes:
             buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
-            back = torch.empty_like(buf)
-            times = [] if links is None else _shm_round_trips(links, rank, buf, repeats)
-            for i in range(repeats + 2 if links is None else 0):  # two warm-up round trips
-                if rank == 0:
-                    incoming = _work(dist.irecv(back, peer, tag=2))  # posted before the peer can answer
-                    start = time.perf_counter()
-                    _work(dist.isend(buf, peer, tag=1)).wait()
-                    incoming.wait()
-                    if i >= 2:
-                        times.append(time.perf_counter() - start)
-                else:
-                    _work(dist.irecv(back, peer, tag=1)).wait()
-                    _work(dist.isend(back, peer, tag=2)).wait()
+            if links is not None:
+                times = _shm_round_trips(links, rank, buf, repeats)
+            else:
+                times = _backend_round_trips(rank, buf, repeats)
             if rank == 0:
                 out[size] = statistics.median(times) / 2
     finally:
         if links is not None:
             links.close()
         dist.destroy_process_group()
+
+
+def _backend_round_trips(rank: int, buf: torch.Tensor, repeats: int) -> list[float]:
+    """Round trips over the process group's backend, each receive posted before the peer can answer."""
+    peer, times = 1 - rank, []
+    back = torch.empty_like(buf)
+    for i in range(repeats + 2):  # two warm-up round trips
+        if rank == 0:
+            incoming = _work(dist.irecv(back, peer, tag=2))
+            start = time.perf_counter()
+            _work(dist.isend(buf, peer, tag=1)).wait()
+            incoming.wait()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        else:
+            _work(dist.irecv(back, peer, tag=1)).wait()
+            _work(dist.isend(back, peer, tag=2)).wait()
+    return times
 
 
 def measure(size: int = 4 << 20, repeats: int = 20, backend: str = "gloo", shm: bool = False) -> Link:

@@ -68,6 +68,7 @@ class OverlappedAllReduce:
             p = live[name]
             size += p.numel() * p.element_size()
         self.bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b.names}
+        self.size = dist.get_world_size(self.group)  # replicas: what an average divides by
         self.local = None
         if local is not None:
             first = [live[b.names[0]] for b in self.buckets]
@@ -134,7 +135,6 @@ class OverlappedAllReduce:
         self._pending_grads = {}
         while self.started < len(self.buckets):
             self._start(self.buckets[self.started])
-        size = dist.get_world_size(self.group)
         for k, bucket in enumerate(self.buckets):
             if self.local is not None:
                 flat = self.local.total(k)
@@ -143,7 +143,7 @@ class OverlappedAllReduce:
                 bucket.work.wait()
                 flat = bucket.flat.to(self.live[bucket.names[0]].device)
             if self.average:
-                flat /= size
+                flat /= self.size
             offset = 0
             for n in bucket.names:
                 p = self.live[n]

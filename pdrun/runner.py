@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from pdrun import checkpoint
-from pdrun.comm import Comm
+from pdrun.comm import Comm, emulated_bandwidth
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
@@ -201,6 +201,8 @@ def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | 
         return None
     if env.local_world_size != env.world_size or not host_supports():
         return None
+    if emulated_bandwidth() is not None:
+        return None  # the emulated slow link sleeps per byte sent over gloo, as the baselines' does
     job = run_job(os.environ.get("TORCHELASTIC_RUN_ID", "run"), env.master_port)
     pids: list[Any] = [None] * env.world_size
     dist.all_gather_object(pids, os.getpid())  # a receiver tells a dead sender from a slow one
@@ -496,8 +498,8 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     if cfg.launcher_pid is not None:
         # Killed with SIGKILL, the launcher cannot sweep the run's shared-memory links: its orphans do.
         run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-        one_host = run_id is not None and env.local_world_size == env.world_size
-        die_with(cfg.launcher_pid, partial(remove_run_links, run_id) if one_host and run_id else None)
+        one_host = env.local_world_size == env.world_size
+        die_with(cfg.launcher_pid, partial(remove_run_links, run_id) if run_id and one_host else None)
     try:
         plan = Plan.model_validate_json(plan_json)
         return train(env, plan, replace(cfg), errdir)

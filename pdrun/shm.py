@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +55,11 @@ _FIELDS = 2  # int64 slot_bytes, int64 slots; then the slots' flags
 
 
 def _control_bytes(slots: int) -> int:
-    return _aligned(8 * (_FIELDS + slots))
+    return aligned(8 * (_FIELDS + slots))
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """``n`` rounded up to a whole number of cache lines."""
     return -(-n // _ALIGN) * _ALIGN
 
 
@@ -104,7 +105,7 @@ def _offsets(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
     offsets, end = [], 0
     for t in tensors:
         offsets.append(end)
-        end += _aligned(t.numel() * t.element_size())
+        end += aligned(t.numel() * t.element_size())
     return offsets, end
 
 
@@ -204,12 +205,7 @@ class ShmLinks:
         """Post a message's header (unit, version, slot, generation) to ``dst`` and wake it."""
         bell = self._bell(self.rank, dst, tag)
         n = bell.count
-        if n - int(bell.words[_TAKEN]) >= RING:
-            deadline = time.monotonic() + self.timeout_s
-            while n - int(bell.words[_TAKEN]) >= RING:
-                if time.monotonic() > deadline:
-                    raise RunError(f"rank {self.rank}: rank {dst} took no message for {self.timeout_s:g}s")
-                time.sleep(50e-6)
+        self._await_receiver(lambda: n - int(bell.words[_TAKEN]) < RING, dst)
         bell.entry(n)[:] = header
         # x86 keeps stores in order: a receiver that sees the count also sees the header and the values.
         bell.words[_POSTED] = n + 1
@@ -255,6 +251,16 @@ class ShmLinks:
         link.full[index] = 1
         return index, link.gen
 
+    def _await_receiver(self, ready: Callable[[], bool], dst: int) -> None:
+        """Return once ``ready()`` (the receiver has freed room), polling; fail after the timeout."""
+        deadline = None
+        while not ready():
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout_s
+            elif time.monotonic() > deadline:
+                raise RunError(f"rank {self.rank}: rank {dst} took no message for {self.timeout_s:g}s")
+            time.sleep(50e-6)
+
     def _free_slot(self, link: _Link, dst: int) -> int:
         """The lowest free slot, waiting for the receiver to free one.
 
@@ -263,14 +269,8 @@ class ShmLinks:
         where a rotation would touch all of them (a page fault per 4 KB on each end on first use:
         a 4 MB message took 2.5 ms one way instead of 0.8).
         """
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            free = np.flatnonzero(link.full == 0)
-            if len(free):
-                return int(free[0])
-            if time.monotonic() > deadline:
-                raise RunError(f"rank {self.rank}: rank {dst} took no message for {self.timeout_s:g}s")
-            time.sleep(50e-6)
+        self._await_receiver(lambda: bool((link.full == 0).any()), dst)
+        return int(np.argmin(link.full))  # the first 0
 
     def take(
         self, index: int, gen: int, buffers: list[torch.Tensor], src: int, tag: int, hold: bool = False

@@ -22,14 +22,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from pdrun.shm import SHM_DIR, map_shared
+from pdrun.shm import SHM_DIR, aligned, map_shared
 from shared.errors import RunError
-
-_ALIGN = 64
-
-
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 class ShmAllReduce:
@@ -51,10 +45,10 @@ class ShmAllReduce:
         total = 0
         for numel, dtype in self.buckets:
             self.offsets.append(total)
-            total += _aligned(numel * dtype.itemsize)
+            total += aligned(numel * dtype.itemsize)
         self.region_bytes = total
         n = len(self.ranks)
-        self.start_bytes = _aligned(8 * n)
+        self.start_bytes = aligned(8 * n)
         size = self.start_bytes + 2 * n * total
         path = SHM_DIR / f"pdrun-{job}-reduce-{stage}"
         self.mem = map_shared(path, size)  # every replica maps the same file; new: no bucket published
@@ -71,7 +65,7 @@ class ShmAllReduce:
 
     def publish(self, k: int, parts: Sequence[torch.Tensor]) -> None:
         """Bucket ``k``'s gradients of this replica (flattened parts, in order), for its peers to add."""
-        torch.cat([p.reshape(-1) for p in parts], out=self._region(self.me, k))
+        torch.cat(list(parts), out=self._region(self.me, k))
         self.published[self.me] = self.step * len(self.buckets) + k + 1
 
     def total(self, k: int) -> torch.Tensor:
