@@ -18,16 +18,20 @@ from contextlib import contextmanager
 from typing import Any
 
 from shared.errors import UserError
+from shared.layout import MemoryFormat
 from shared.spec import RunSpec
 
 # Seconds a sibling may take to import torch, build the model and run a first step.
 START_TIMEOUT_S = 120.0
 
 
-def _busy(spec: dict[str, Any], batch_size: int, threads: int, ready: Any, stop: Any) -> None:
+def _busy(
+    spec: dict[str, Any], batch_size: int, threads: int, memory_format: MemoryFormat, ready: Any, stop: Any
+) -> None:
     import torch
 
     from pdprof.batch import first_batch
+    from shared.layout import input_to_channels_last, module_to_channels_last, use_channels_last
     from shared.malloc import steady_malloc
     from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 
@@ -39,6 +43,11 @@ def _busy(spec: dict[str, Any], batch_size: int, threads: int, ready: Any, stop:
     model = resolve_model(run.model, run.model_args)
     loss_fn = resolve_loss(run.loss)
     inputs, target = first_batch(resolve_dataset(run.data, run.data_args), batch_size, torch.device("cpu"))
+    # In the layout the profiled process and pdrun's workers use: a sibling in another layout loads
+    # the cache and memory differently (NCHW convolutions here run ~40% longer).
+    if use_channels_last(memory_format, model, torch.device("cpu"), torch.float32):
+        module_to_channels_last(model)
+        inputs = tuple(input_to_channels_last(v) if isinstance(v, torch.Tensor) else v for v in inputs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model.train()
     ready.set()
@@ -49,8 +58,10 @@ def _busy(spec: dict[str, Any], batch_size: int, threads: int, ready: Any, stop:
 
 
 @contextmanager
-def siblings(spec: RunSpec, batch_size: int, count: int, threads: int = 1) -> Iterator[None]:
-    """Run ``count`` sibling trainers of ``spec``'s model until the block ends."""
+def siblings(
+    spec: RunSpec, batch_size: int, count: int, threads: int = 1, memory_format: MemoryFormat = "auto"
+) -> Iterator[None]:
+    """Run ``count`` sibling trainers of ``spec``'s model, in ``memory_format``, until the block ends."""
     if count <= 0:
         yield
         return
@@ -58,7 +69,9 @@ def siblings(spec: RunSpec, batch_size: int, count: int, threads: int = 1) -> It
     stop = ctx.Event()
     ready = [ctx.Event() for _ in range(count)]
     procs = [
-        ctx.Process(target=_busy, args=(spec.model_dump(), batch_size, threads, r, stop), daemon=True)
+        ctx.Process(
+            target=_busy, args=(spec.model_dump(), batch_size, threads, memory_format, r, stop), daemon=True
+        )
         for r in ready
     ]
     for p in procs:
