@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pdprof.profiler import ProfileConfig, ProfileResult, profile_spec
+from pdprof.profiler import ProfileConfig, ProfileResult, Statistic, profile_spec
 from pdprof.report import summary_line
 from pdprof.update import OptimizerName
 from shared.cli import console, parse_kv
@@ -83,8 +83,13 @@ def _progress_bar() -> Iterator[Progress]:
 @click.option(
     "--warmup", default=4, show_default=True, type=click.IntRange(min=0), help="Untimed rounds first."
 )
+@click.option("--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds.")
 @click.option(
-    "--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Timed rounds (medians)."
+    "--statistic",
+    type=click.Choice(["mean", "median"]),
+    default="mean",
+    show_default=True,
+    help="How the rounds become a layer's figure: mean (a run's rate pays every round's cost) or median.",
 )
 @click.option(
     "--threads", default=1, show_default=True, type=click.IntRange(min=1), help="torch CPU threads."
@@ -140,6 +145,7 @@ def profile(
     leaf_modules: tuple[str, ...],
     warmup: int,
     repeats: int,
+    statistic: Statistic,
     threads: int,
     steady_malloc: bool,
     optimizer: OptimizerName,
@@ -178,6 +184,7 @@ def profile(
         momentum,
         concurrent,
         memory_format,
+        statistic,
     )
     with _progress_bar() as bar:
         task = bar.add_task("loading", total=None)

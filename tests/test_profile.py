@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
@@ -86,19 +87,37 @@ def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, t
     assert graph.timing is not None and (graph.timing.warmup, graph.timing.repeats) == (1, 3)
     assert "run-queue wait" in graph.timing.method and "glibc malloc thresholds fixed" in graph.timing.method
 
-    # The table holds every sample; the graph's figures are their medians.
+    # The table holds every sample; the graph's figures are their means (--statistic's default).
     df, meta = load_table(table, PROFILE_TABLE)
     with_params = [n for n in graph.nodes if n.parameter_bytes > 0]
     assert len(df) == (len(graph.nodes) * 2 + len(with_params)) * 3  # forward, backward; update where weights
-    medians = df.groupby(["layer", "phase"])["ms"].median()
-    for n in graph.nodes:
-        assert medians[(n.id, "forward")] == pytest.approx(n.forward_ms)
-        if n.parameter_bytes > 0:
-            assert medians[(n.id, "update")] == pytest.approx(n.update_ms)
-        assert medians[(n.id, "backward")] == pytest.approx(n.backward_ms)
+    assert_figures_are(df, graph, "mean")
+    assert graph.timing.method.endswith("; mean of the rounds")
     assert meta["graph_hash"] == graph.structure_hash() and meta["batch_size"] == 16
     assert len(meta["step_ms"]) == 3
     assert "layer sum / whole step" in stderr
+
+    # --statistic median: the medians of the same kind of table.
+    code, _, stderr = pdprof(
+        *("--model", f"{user_file}:build", "--data", f"{user_file}:data", "--batch-size", "16"),
+        *("--warmup", "0", "--repeats", "4", "--statistic", "median", "-o", str(out), "--table", str(table)),
+    )
+    assert code == 0, stderr
+    graph = load_graph(out)
+    assert_figures_are(load_table(table, PROFILE_TABLE)[0], graph, "median")
+    assert graph.timing is not None and graph.timing.method.endswith("; median of the rounds")
+
+
+def assert_figures_are(df: pd.DataFrame, graph: LayerGraph, statistic: str) -> None:
+    """Every node's forward, backward and update figure is ``statistic`` of its rows in the table."""
+    expected = df.groupby(["layer", "phase"])["ms"].agg(statistic)
+    differs = df.groupby(["layer", "phase"])["ms"].agg("mean" if statistic == "median" else "median")
+    assert any(expected[k] != pytest.approx(differs[k]) for k in expected.index)  # the two tell apart here
+    for n in graph.nodes:
+        assert expected[(n.id, "forward")] == pytest.approx(n.forward_ms)
+        if n.parameter_bytes > 0:
+            assert expected[(n.id, "update")] == pytest.approx(n.update_ms)
+        assert expected[(n.id, "backward")] == pytest.approx(n.backward_ms)
 
 
 def test_graph_goes_to_stdout_of_a_real_process(user_file: Path) -> None:
