@@ -142,31 +142,18 @@ def one_round(case: Case, cfg: Config, work: Path, index: int, link: tuple[float
         "measured_median_step_ms": plan.batch_size / t.steady_samples_per_s * 1000,
         "predicted_compute_ms": planned_compute * 1000,
         "measured_compute_ms": busiest * measured * 1000,
+        "predicted_over_measured": predicted / measured if measured > 0 else math.nan,
+        "simulated_over_measured": simulated / measured if measured > 0 else math.nan,
         "command": f"{prof.cmd} && {planned.cmd} && {done.cmd}",
     }
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else math.nan
-
-
 def summarize(case: Case, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One table row for ``case``: every figure's median over its rounds, the ratios' range beside."""
-    sim = [_ratio(r["simulated_ms"], r["measured_ms"]) for r in rounds]
-    paper = [_ratio(r["predicted_ms"], r["measured_ms"]) for r in rounds]
+    """One table row for ``case``: every figure's median over its rounds, each round's ratio beside."""
     row: dict[str, Any] = {"case": case.name, "plan": rounds[-1]["plan"], "rounds": len(rounds)}
-    for key in (
-        "predicted_ms",
-        "simulated_ms",
-        "measured_ms",
-        "measured_median_step_ms",
-        "predicted_compute_ms",
-        "measured_compute_ms",
-    ):
-        row[key] = statistics.median(r[key] for r in rounds)
-    row["predicted_over_measured"] = statistics.median(paper)
-    row["simulated_over_measured"] = statistics.median(sim)
-    row["simulated_over_measured_each"] = " ".join(f"{x:.3f}" for x in sim)
+    figures = [k for k, v in rounds[0].items() if isinstance(v, float)]
+    row.update({k: statistics.median(r[k] for r in rounds) for k in figures})
+    row["simulated_over_measured_each"] = " ".join(f"{r['simulated_over_measured']:.3f}" for r in rounds)
     row["command"] = rounds[-1]["command"]
     return row
 
@@ -201,7 +188,6 @@ def bench(work: Path, cfg: Config) -> Report:
             "case": case.name,
             "round": k + 1,
             **{key: v for key, v in r.items() if key not in ("plan", "command")},
-            "simulated_over_measured": _ratio(r["simulated_ms"], r["measured_ms"]),
         }
         for i, case in enumerate(cfg.cases)
         for k, r in enumerate(done[i])

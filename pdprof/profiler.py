@@ -36,7 +36,7 @@ from pdprof.update import OptimizerName, UpdateTimer, describe
 from shared.batches import gather
 from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
-from shared.layout import MemoryFormat, input_to_channels_last, module_to_channels_last, use_channels_last
+from shared.layout import MemoryFormat, inputs_to_channels_last, module_to_channels_last, use_channels_last
 from shared.malloc import malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
@@ -155,7 +155,7 @@ def profile_model(
         channels_last = use_channels_last(config.memory_format, model, device, torch.float32)
         if channels_last:
             module_to_channels_last(model)  # the traced module holds the same parameters
-            inputs = tuple(input_to_channels_last(v) if isinstance(v, torch.Tensor) else v for v in inputs)
+            inputs = inputs_to_channels_last(inputs)
         clock = clock_for(device)
         # Process-wide once set: the method string says whether it holds, not whether this call asked.
         steady = device.type == "cpu" and (steady_malloc() if config.steady_malloc else malloc_is_steady())

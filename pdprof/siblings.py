@@ -31,7 +31,7 @@ def _busy(
     import torch
 
     from pdprof.batch import first_batch
-    from shared.layout import input_to_channels_last, module_to_channels_last, use_channels_last
+    from shared.layout import inputs_to_channels_last, module_to_channels_last, use_channels_last
     from shared.malloc import steady_malloc
     from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 
@@ -47,7 +47,7 @@ def _busy(
     # the cache and memory differently (NCHW convolutions here run ~40% longer).
     if use_channels_last(memory_format, model, torch.device("cpu"), torch.float32):
         module_to_channels_last(model)
-        inputs = tuple(input_to_channels_last(v) if isinstance(v, torch.Tensor) else v for v in inputs)
+        inputs = inputs_to_channels_last(inputs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model.train()
     ready.set()

@@ -25,7 +25,7 @@ from pdrun.shm_reduce import ShmAllReduce
 from pdrun.stage import StageModule
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
-from shared.layout import input_to_channels_last
+from shared.layout import inputs_to_channels_last
 from shared.schedule import Instr, Kind
 
 _RECEIVES = (Kind.RECV_ACT, Kind.RECV_GRAD)
@@ -419,7 +419,7 @@ class Worker:
         moved = tuple(to_device(inputs, self.device, self.dtype))
         if not self.channels_last:
             return moved
-        return tuple(input_to_channels_last(v) if isinstance(v, torch.Tensor) else v for v in moved)
+        return inputs_to_channels_last(moved)
 
     def _close_step(self) -> None:
         now = time.perf_counter()

@@ -15,7 +15,7 @@ end copies it, and the gradient coming back has the layout its activation had).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -53,8 +53,14 @@ def module_to_channels_last(module: nn.Module) -> None:
                     setattr(holder, name, b.to(memory_format=torch.channels_last))
 
 
-def input_to_channels_last(value: torch.Tensor) -> torch.Tensor:
-    """A batch input in the run's layout (a no-op for single-channel images, whose layouts coincide)."""
-    if value.dim() == 4 and value.is_floating_point():
-        return value.contiguous(memory_format=torch.channels_last)
-    return value
+def inputs_to_channels_last(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A batch's model inputs in the run's layout: 4-d floating tensors channels-last, the rest as they are.
+
+    (A no-op for single-channel images, whose layouts coincide.)
+    """
+    return tuple(
+        v.contiguous(memory_format=torch.channels_last)
+        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point()
+        else v
+        for v in values
+    )
