@@ -13,6 +13,9 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
   loss's (``graph.loss_forward_ms``, ``graph.loss_backward_ms``, ``unattributed_backward_ms``)
   at the last stage, and fetching a batch's inputs (``graph.data_ms``) at the stages that
   read the model's inputs, as pdrun's workers do;
+- a stage boundary: ``graph.cut_backward_ms`` more backward for every stage that sends values
+  to a later one, ``graph.cut_forward_ms`` more forward for every stage that receives them
+  (what cutting a step in two cost in pdprof's measurement, ``pdprof.cut``);
 - step: the sum of its layers' ``update_ms`` plus ``graph.update_overhead_ms`` (the first step
   after a backward costs more), when the stage has parameters;
 - all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` at the bandwidth its ranks span;
@@ -96,6 +99,12 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         a, b = owner.get(edge.source), owner.get(edge.target)
         if a is not None and b is not None and a < b and nodes[edge.source].op != "input":
             sent[(a, b)].add(edge.source)
+    # A stage boundary's own cost (pdprof.cut): the earlier stage's backward is a call of its own,
+    # started from a gradient that arrived, and the later stage's forward starts from a leaf.
+    for s in {a for a, _ in sent}:
+        backward[s] += _extra_ms(graph, "cut_backward_ms") / 1000
+    for s in {b for _, b in sent}:
+        forward[s] += _extra_ms(graph, "cut_forward_ms") / 1000
     transfer: dict[tuple[int, int], float] = {}
     for (a, b), values in sent.items():
         size = sum(nodes[v].activation_bytes for v in values)

@@ -29,6 +29,7 @@ from torch import nn
 
 from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
+from pdprof.cut import cut_step, find_cut
 from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
@@ -163,6 +164,8 @@ def profile_model(
         report("sizes", 0, 1)
         sizes = _first_run(traced, inputs, target, loss_fn, config.spec)
         model.zero_grad(set_to_none=True)
+        cut = _usable_cut(traced, inputs, target, loss_fn, clock)
+        model.zero_grad(set_to_none=True)
 
         rounds = config.warmup + config.repeats
         steps: list[float] = []
@@ -171,23 +174,30 @@ def profile_model(
         updates: list[dict[str, float]] = []
         overheads: list[float] = []
         loads: list[float] = []
-        pair: list[Callable[[], Any]] = [
+        cuts: list[tuple[float, float]] = []  # (forward, backward) ms: the step cut in two less whole
+        kinds: list[Callable[[], Any]] = [
             lambda: whole_step(model, inputs, target, loss_fn, clock),
             lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
+            lambda: cut_step(traced.module, inputs, target, loss_fn, clock, None),
+            lambda: cut_step(traced.module, inputs, target, loss_fn, clock, cut),
         ]
+        order = [0, 1, 2, 3] if cut is not None else [0, 1]
         for r in range(rounds):
-            # Alternate which of the two goes first, so neither always runs on a warmer cache.
+            # Alternate the order, so that no kind of step always runs on a warmer cache.
             results: dict[int, Any] = {}
-            for k in (0, 1) if r % 2 == 0 else (1, 0):
-                results[k] = pair[k]()
+            for k in order if r % 2 == 0 else order[::-1]:
+                results[k] = kinds[k]()
                 if k == 1:
-                    results[2] = updater.time()  # the profiled step's gradients are still set
+                    results[4] = updater.time()  # the profiled step's gradients are still set
                 model.zero_grad(set_to_none=True)
             if r >= config.warmup:
                 steps.append(results[0])
                 samples.append(results[1])
-                updates.append(results[2][0])
-                overheads.append(results[2][1])
+                updates.append(results[4][0])
+                overheads.append(results[4][1])
+                if cut is not None:
+                    (wf, wb), (cf, cb) = results[2], results[3]
+                    cuts.append((cf - wf, cb - wb))
                 if load_batch is not None:
                     start = clock.mark()
                     load_batch()
@@ -202,6 +212,7 @@ def profile_model(
             steps,
             samples,
             (updates, overheads, loads),
+            (cut, cuts),
             inputs,
             config,
             device,
@@ -236,6 +247,21 @@ def _first_run(
     _check_loss(loss, spec.loss)
     loss.backward()  # type: ignore[no-untyped-call]
     return sizes
+
+
+def _usable_cut(
+    traced: TracedModel, inputs: tuple[Any, ...], target: Any, loss_fn: LossFn, clock: Clock
+) -> str | None:
+    """The cut pdprof.cut times, if the model has one and a step cut there runs."""
+    cut = find_cut(traced.module)
+    if cut is None:
+        return None
+    try:
+        cut_step(traced.module, inputs, target, loss_fn, clock, cut)
+    except RuntimeError:
+        # e.g. an in-place op on the cut's value, which a leaf that requires grad refuses
+        return None
+    return cut
 
 
 def _first_line(exc: BaseException) -> str:
@@ -273,6 +299,7 @@ def _assemble(
     steps: list[float],
     samples: list[StepTimes],
     update_samples: tuple[list[dict[str, float]], list[float], list[float]],
+    cut_samples: tuple[str | None, list[tuple[float, float]]],
     inputs: tuple[Any, ...],
     config: ProfileConfig,
     device: torch.device,
@@ -286,6 +313,7 @@ def _assemble(
     rows: list[dict[str, Any]] = []
     nodes: list[Node] = []
     updates, overheads, loads = update_samples
+    cut, cuts = cut_samples
     for layer in traced.layers:
         size = sizes[layer.name]
         figures: dict[str, float] = {}
@@ -341,6 +369,9 @@ def _assemble(
         "update": describe(config.optimizer, config.momentum),
         "update_overhead_ms": fig(overheads) if updates and updates[0] else 0.0,
         "data_ms": fig(loads),
+        "cut_at": cut,
+        "cut_forward_ms": fig([f for f, _ in cuts]) if cut is not None else None,
+        "cut_backward_ms": fig([b for _, b in cuts]) if cut is not None else None,
         "memory_format": "channels-last" if channels_last else "contiguous",
         "concurrent": config.concurrent,
         "host": platform.node(),
@@ -367,5 +398,6 @@ def _assemble(
         "threads": config.threads,
         "graph_hash": graph.structure_hash(),
         "step_ms": steps,
+        "cut_ms": [f + b for f, b in cuts],
     }
     return ProfileResult(graph, table, meta)

@@ -125,6 +125,27 @@ def test_the_input_stage_fetches_the_batch_and_the_last_computes_the_loss() -> N
     assert costs.step[0] * 1000 == pytest.approx(UPD + OVERHEAD)
 
 
+def test_each_stage_boundary_costs_what_pdprof_measured_of_a_cut() -> None:
+    cut_f, cut_b = 0.03, 0.2
+    g = chain(3)
+    g = g.model_copy(update={"graph": {**g.graph, "cut_forward_ms": cut_f, "cut_backward_ms": cut_b}})
+    p = plan_for(g, 3, 1e12)
+    assert [len(s.layers) for s in p.stages] == [2, 1, 1]
+    costs, _ = stage_costs(g, p)
+    # Every stage that sends a later one values runs its backward as a call of its own; every stage
+    # that receives them starts its forward from a leaf.
+    assert [b * 1000 for b in costs.backward] == pytest.approx([BWD + cut_b, BWD + cut_b, BWD + LOSS_B])
+    assert [f * 1000 for f in costs.forward] == pytest.approx([DATA + FWD, FWD + cut_f, FWD + LOSS_F + cut_f])
+    whole = simulate_plan(g, plan_for(g, 1, 1e12))
+    alone, _ = stage_costs(g, plan_for(g, 1, 1e12))
+    assert alone.forward[0] * 1000 == pytest.approx(DATA + 3 * FWD + LOSS_F)  # no boundary, no cost
+    # A cut measured as free (noise below zero) costs nothing rather than speeding a stage up.
+    free = g.model_copy(update={"graph": {**g.graph, "cut_forward_ms": -0.01, "cut_backward_ms": -0.02}})
+    assert simulate_plan(free, plan_for(free, 1, 1e12)).time_per_minibatch_s == whole.time_per_minibatch_s
+    costs, _ = stage_costs(free, plan_for(free, 3, 1e12))
+    assert costs.backward[0] * 1000 == pytest.approx(BWD)
+
+
 def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     g = chain(4)
     save_graph(g, tmp_path / "g.json")
