@@ -62,6 +62,9 @@ class Settings:
     bandwidth: float | None = None  # emulated link between workers, bytes/s (bench.slow_link)
     eval_data_args: dict[str, Any] | None = None  # e.g. {"split": "val"}: evaluate after every epoch
     timeout_s: float = 300.0
+    channels_last: bool = (
+        False  # pipelining: the stages' weights and the input batch in NHWC, as pdrun's auto
+    )
 
     @property
     def global_batch(self) -> int:
@@ -348,6 +351,20 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
     return _train_loop(s, rank, world, step, opt, compute, model if rank == 0 else None, epoch)
 
 
+class _Contiguous(nn.Module):
+    """A stage whose outputs leave in the default (contiguous) layout, whatever layout it computes in."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        out = self.inner(*args)
+        if isinstance(out, tuple):
+            return tuple(o.contiguous() if isinstance(o, torch.Tensor) else o for o in out)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
 def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -361,6 +378,12 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
         raise UserError(f"pipelining: the split has {len(stages.modules)} stages, run with as many workers")
     patch_pipelining(s.bandwidth)
     module = stages.modules[rank]
+    if s.channels_last:
+        from shared.layout import module_to_channels_last
+
+        module_to_channels_last(module)
+        # gloo sends only contiguous tensors: a user's stage hands its NHWC output on as NCHW (a copy).
+        module = _Contiguous(module)
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     loss_fn = resolve_loss(s.loss)
     cls = Schedule1F1B if schedule_name == "1f1b" else ScheduleGPipe
@@ -383,6 +406,8 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
 
     def step(i: int) -> float | None:
         xb, yb = batch_at(x, y, order, i, s.microbatches)
+        if s.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         losses: list[torch.Tensor] = []
         if first and last:
             schedule.step(xb, target=yb, losses=losses)

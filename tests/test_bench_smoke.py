@@ -55,3 +55,26 @@ def test_pipelining_baseline_runs_and_matches_sequential() -> None:
     assert len(result.ranks) == 2 and all(r.compute_s > 0 and r.total_s >= r.compute_s for r in result.ranks)
     assert len(result.step_end_s) == 3
     torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-5, atol=1e-6)
+
+
+def test_pipelining_baseline_in_channels_last_trains_the_same_cnn() -> None:
+    # The baseline at pdrun's layout: NHWC weights and inputs, each stage's output handed on contiguous
+    # (gloo sends nothing else). Without the hand-off the send fails; with it the losses are sequential
+    # training's, up to the layouts' rounding.
+    base = Settings(
+        model="zoo:mnist_cnn",
+        model_args={"channels": 4},
+        data="zoo:synthetic",
+        data_args={"size": 64, "shape": (1, 28, 28)},
+        batch_size=16,
+        microbatches=2,
+        steps=2,
+        warmup=0,
+        lr=0.05,
+        timeout_s=60,
+        channels_last=True,
+    )
+    s = Settings(**{**base.__dict__, "stage_of": even_split(base, 2)})
+    result = run("pipe-gpipe", s)
+    assert result.steps == 2 and result.samples_per_s > 0
+    torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-4, atol=1e-5)
