@@ -2,9 +2,10 @@
 
 Steps: trace the model (``shared.tracer``, the same layers pdrun will build), measure
 sizes once, then run ``warmup + repeats`` rounds. Each round runs one directly timed
-training step of the user's model and one step timed per layer, in alternating order, so
-that drift and the noise of a shared machine fall on both alike; the figures of the
-warm-up rounds are dropped. Every sample goes into the table; the graph holds one figure per
+training step of the user's model, one step timed per layer and, where the model has a
+narrow cut, the same step whole and cut in two through the interpreter (``pdprof.cut``:
+what a stage boundary costs), in alternating order, so that drift and the noise of a shared
+machine fall on all alike; the figures of the warm-up rounds are dropped. Every sample goes into the table; the graph holds one figure per
 layer and phase, the mean of its rounds by default (``--statistic``).
 
 Why the mean: the planner predicts a rate (time per minibatch over a run), and a run pays

@@ -4,6 +4,7 @@ losses are those of sequential training on the same data (so the baseline it mea
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -32,20 +33,20 @@ def _sequential_losses(s: Settings) -> list[float]:
     return out
 
 
+def _two_stages(**kw: Any) -> Settings:
+    """A short run (16-sample microbatches, two a step, no warm-up) split evenly into two stages."""
+    base = Settings(**{"batch_size": 16, "microbatches": 2, "warmup": 0, "lr": 0.05, "timeout_s": 60, **kw})
+    return Settings(**{**base.__dict__, "stage_of": even_split(base, 2)})
+
+
 def test_pipelining_baseline_runs_and_matches_sequential() -> None:
-    base = Settings(
+    s = _two_stages(
         model="zoo:resmlp",
         model_args={"width": 32, "depth": 2},
         data="zoo:synthetic",
         data_args={"size": 96},
-        batch_size=16,
-        microbatches=2,
         steps=3,
-        warmup=0,
-        lr=0.05,
-        timeout_s=60,
     )
-    s = Settings(**{**base.__dict__, "stage_of": even_split(base, 2)})
     assert set(s.stage_of.values()) == {0, 1}
 
     result = run("pipe-1f1b", s)
@@ -61,20 +62,14 @@ def test_pipelining_baseline_in_channels_last_trains_the_same_cnn() -> None:
     # The baseline at pdrun's layout: NHWC weights and inputs, each stage's output handed on contiguous
     # (gloo sends nothing else). Without the hand-off the send fails; with it the losses are sequential
     # training's, up to the layouts' rounding.
-    base = Settings(
+    s = _two_stages(
         model="zoo:mnist_cnn",
         model_args={"channels": 4},
         data="zoo:synthetic",
         data_args={"size": 64, "shape": (1, 28, 28)},
-        batch_size=16,
-        microbatches=2,
         steps=2,
-        warmup=0,
-        lr=0.05,
-        timeout_s=60,
         channels_last=True,
     )
-    s = Settings(**{**base.__dict__, "stage_of": even_split(base, 2)})
     result = run("pipe-gpipe", s)
     assert result.steps == 2 and result.samples_per_s > 0
     torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-4, atol=1e-5)
