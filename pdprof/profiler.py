@@ -5,8 +5,9 @@ sizes once, then run ``warmup + repeats`` rounds. Each round runs one directly t
 training step of the user's model, one step timed per layer and, where the model has a
 narrow cut, the same step whole and cut in two through the interpreter (``pdprof.cut``:
 what a stage boundary costs), in alternating order, so that drift and the noise of a shared
-machine fall on all alike; the figures of the warm-up rounds are dropped. Every sample goes into the table; the graph holds one figure per
-layer and phase, the mean of its rounds by default (``--statistic``).
+machine fall on all alike; the figures of the warm-up rounds are dropped. Every sample goes
+into the table; the graph holds one figure per layer and phase, the mean of its rounds by
+default (``--statistic``).
 
 Why the mean: the planner predicts a rate (time per minibatch over a run), and a run pays
 every round's cost, the slow ones too. Per layer, the slow rounds are rare but add up: on
@@ -189,13 +190,13 @@ def profile_model(
             for k in order if r % 2 == 0 else order[::-1]:
                 results[k] = kinds[k]()
                 if k == 1:
-                    results[4] = updater.time()  # the profiled step's gradients are still set
+                    update, overhead = updater.time()  # the profiled step's gradients are still set
                 model.zero_grad(set_to_none=True)
             if r >= config.warmup:
                 steps.append(results[0])
                 samples.append(results[1])
-                updates.append(results[4][0])
-                overheads.append(results[4][1])
+                updates.append(update)
+                overheads.append(overhead)
                 if cut is not None:
                     (wf, wb), (cf, cb) = results[2], results[3]
                     cuts.append((cf - wf, cb - wb))
