@@ -34,7 +34,7 @@ from pdprof.pipedream_import import parse_pipedream
 from shared.cli import console
 from shared.graph import Edge, LayerGraph, Node
 
-PROFILES = Path(__file__).resolve().parent.parent.parent / "shared" / "pipedream-profiles"
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
 
 @dataclass(frozen=True)

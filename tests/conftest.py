@@ -1,4 +1,4 @@
-"""Test settings: one thread per process (2-core machines), and the shared PipeDream profiles."""
+"""Test settings: one thread per process (2-core machines), and the PipeDream profiles in profiles/."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ except ImportError:  # pragma: no cover - torch is a dependency
     pass
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILES = REPO.parent / "shared" / "pipedream-profiles"
+PROFILES = REPO / "profiles"
 
 
 @pytest.fixture(scope="session")
 def profiles_dir() -> Path:
-    """The PipeDream profiles published with the paper (beside the repository)."""
+    """The PipeDream profiles published with the paper (the repository's own copy, profiles/)."""
     assert PROFILES.is_dir(), f"expected PipeDream's profiles at {PROFILES}"
     return PROFILES

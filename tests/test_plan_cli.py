@@ -14,7 +14,7 @@ from pdplan.report import recost
 from shared.graph import load_graph
 from shared.plan import load_plan
 
-PROFILES = Path(__file__).resolve().parent.parent.parent / "shared" / "pipedream-profiles"
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
 

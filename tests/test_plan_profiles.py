@@ -14,7 +14,7 @@ from shared.errors import PlanError
 from shared.graph import LayerGraph
 from shared.plan import check_against_graph
 
-PROFILES = Path(__file__).resolve().parent.parent.parent / "shared" / "pipedream-profiles"
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 # The two largest are planned once below (they take seconds each, not milliseconds).
 BIG = {"inception_v3", "nasnetamobile", "nasnetalarge"}
 NAMES = sorted(p.stem for p in PROFILES.glob("*.txt") if p.stem not in BIG)

@@ -19,7 +19,7 @@ from pdprof.pipedream_import import parse_pipedream
 from shared.graph import Edge, LayerGraph, Node
 from shared.plan import check_against_graph
 
-PROFILES = Path(__file__).resolve().parent.parent.parent / "shared" / "pipedream-profiles"
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
 
 def _both(graph: LayerGraph, level: LevelSpec) -> tuple[float, float]:
