@@ -32,7 +32,7 @@ from pdrun.faults import Fault
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
 from pdrun.shm import ShmLinks, host_supports, remove_run_links, run_job
-from pdrun.stage import build_stage, sample_values
+from pdrun.stage import build_stage, sample_run
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
@@ -124,12 +124,12 @@ def value_specs(
 ) -> dict[str, ValueSpec]:
     """Specs of every value that crosses a stage boundary, from one forward of ``sample``."""
     buffers = {n: b.clone() for n, b in traced.module.named_buffers()}
-    values = sample_values(traced, sample)
+    values, written = sample_run(traced, sample)
     with torch.no_grad():  # the sample pass must not move BatchNorm statistics
         for n, b in traced.module.named_buffers():
             b.copy_(buffers[n])
     crossing = {n for names in part.sends.values() for n in names}
-    return {n: spec_of(values[n]) for n in crossing}
+    return {n: replace(spec_of(values[n]), written=n in written) for n in crossing}
 
 
 def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -> list[WorkerResult] | None:
@@ -295,7 +295,7 @@ def _train(
     channels_last = use_channels_last(cfg.memory_format, model, device, dtype)
     if channels_last:
         specs = {n: with_channels_last(v) for n, v in specs.items()}
-    stage = build_stage(traced, part, s)
+    stage = build_stage(traced, part, s, frozenset(n for n, v in specs.items() if v.written))
     del model, traced
     stage.module.to(device)
     if channels_last:

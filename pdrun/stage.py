@@ -6,6 +6,15 @@ its output is ``(values to send, model output or None)``. ``fx.GraphModule(root,
 copies only the submodules and parameters the sub-graph names, under their original
 qualified names, so a stage holds only its own weights and its state dict keys are the
 full model's keys.
+
+[Note: writable inputs] A received value that requires a gradient is an autograd leaf, and
+autograd refuses to modify a leaf (or a view of one) in place. A model that does so after a
+cut (``conv`` on stage 0, ``ReLU(inplace=True)`` on stage 1) would fail at its first step.
+The sample forward (``sample_run``) finds every value some later layer writes in place: its
+tensor's version counter moves after the layer that made it (views share the counter, so a
+write through a view counts). Only those values, when received, pass through a
+``writable`` node that clones them, so the stage's layers modify a copy and the gradient
+still reaches the received leaf; every other value is used as received, without a copy.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx
 
 from pdrun.partition import Partition
@@ -37,8 +47,20 @@ class StageModule:
         return dict(zip(self.sent, sent, strict=True)), output
 
 
-def build_stage(traced: TracedModel, part: Partition, stage: int) -> StageModule:
-    """The stage's sub-graph of ``traced`` as its own module."""
+def writable(value: Any) -> Any:
+    """A copy of a received value's tensors that the stage may modify in place (see [Note: writable inputs])."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        return type(value)(writable(v) for v in value)
+    return value
+
+
+def build_stage(
+    traced: TracedModel, part: Partition, stage: int, written: frozenset[str] = frozenset()
+) -> StageModule:
+    """The stage's sub-graph of ``traced`` as its own module; received values in ``written`` are
+    modified in place by some layer, and the stage's layers read a copy of them."""
     nodes = traced.fx_nodes()
     owned = set(part.layers[stage])
     graph = fx.Graph()
@@ -49,6 +71,9 @@ def build_stage(traced: TracedModel, part: Partition, stage: int) -> StageModule
     received = tuple(name for _, names in part.receives(stage) for name in names)
     for name in received:
         env[name] = graph.placeholder(f"recv_{name}")
+    for name in received:
+        if name in written:
+            env[name] = graph.call_function(writable, (env[name],))
     for name in part.layers[stage]:
         if name not in env:
             env[name] = graph.node_copy(nodes[name], lambda n: env[n.name])
@@ -67,13 +92,31 @@ def build_stage(traced: TracedModel, part: Partition, stage: int) -> StageModule
 
 def sample_values(traced: TracedModel, inputs: tuple[Any, ...]) -> dict[str, Any]:
     """Every layer's value on a sample batch (one forward of the whole model, with autograd on)."""
+    return sample_run(traced, inputs)[0]
+
+
+def sample_run(traced: TracedModel, inputs: tuple[Any, ...]) -> tuple[dict[str, Any], frozenset[str]]:
+    """(every layer's value, the layers whose value a later layer modifies in place) on a sample batch."""
     values: dict[str, Any] = {}
+    made: dict[str, list[int]] = {}  # each value's tensors' versions right after the layer that made it
 
     class _Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
             value = super().run_node(n)
             values[n.name] = value
+            made[n.name] = [t._version for t in _tensors(value)]
             return value
 
     _Recorder(traced.module).run(*inputs)
-    return values
+    written = frozenset(
+        n for n, versions in made.items() if [t._version for t in _tensors(values[n])] != versions
+    )
+    return values, written
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []

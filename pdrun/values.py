@@ -29,6 +29,7 @@ class ValueSpec:
     requires_grad: bool = False  # for a tuple or list: any of its items
     items: tuple[ValueSpec, ...] = ()
     channels_last: bool = False  # a 4-d tensor that travels and lives in NHWC order
+    written: bool = False  # a layer modifies the value in place: its receiver copies it (pdrun/stage.py)
 
     def empty(self, device: torch.device) -> torch.Tensor:
         """A receive buffer for this leaf, as it travels (contiguous; ``from_wire`` gives the value)."""

@@ -53,6 +53,15 @@ def test_parameter_counts_equal_torchvision(name: str) -> None:
     assert n_params(model) == TORCHVISION_COUNTS[name]
 
 
+@pytest.mark.parametrize(("version", "count"), [("1_0", 1_248_424), ("1_1", 1_235_496)])
+def test_squeezenet_parameter_counts_equal_torchvision(version: str, count: int) -> None:
+    with torch.device("meta"):
+        model = resolve_model("zoo:squeezenet", {"version": version})
+    assert n_params(model) == count
+    relus = [m for m in model.modules() if isinstance(m, torch.nn.ReLU)]
+    assert len(relus) == 26 and all(m.inplace for m in relus)  # after every conv, as torchvision's
+
+
 @pytest.mark.parametrize("name", sorted(registry.models()))
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_traced_module_computes_what_the_model_computes(name: str, mode: str) -> None:

@@ -1,3 +1,3 @@
 """The zoo's models; importing this package registers them all."""
 
-from shared.zoo.models import alexnet, gnmt, gpt, inception, resnet, s2vt, small, vgg  # noqa: F401
+from shared.zoo.models import alexnet, gnmt, gpt, inception, resnet, s2vt, small, squeezenet, vgg  # noqa: F401
