@@ -30,6 +30,7 @@ from pdrun.env import DistEnv, under_torchrun
 from pdrun.partition import check_ranks, partition
 from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
 from pdrun.shm import remove_run_links
+from pdrun.tied import check_ties, find_ties
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
@@ -59,6 +60,7 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     torch.manual_seed(cfg.seed)
     traced = trace(resolve_model(plan.spec.model, plan.spec.model_args), plan.spec.trace)
     part = partition(traced, plan, source)
+    check_ties(plan, find_ties(traced, part), source)
     resolve_loss(plan.spec.loss)
     train_set, _ = datasets(plan.spec)
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")

@@ -33,6 +33,7 @@ from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
 from pdrun.shm import ShmLinks, host_supports, remove_run_links, run_job
 from pdrun.stage import build_stage, sample_run
+from pdrun.tied import find_ties, tied_gradients
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, Worker
@@ -296,6 +297,7 @@ def _train(
     if channels_last:
         specs = {n: with_channels_last(v) for n, v in specs.items()}
     stage = build_stage(traced, part, s, frozenset(n for n, v in specs.items() if v.written))
+    ties = find_ties(traced, part)
     del model, traced
     stage.module.to(device)
     if channels_last:
@@ -308,6 +310,7 @@ def _train(
             if idx == s:
                 group = g
     wire = device if dist.get_backend() == "nccl" else torch.device("cpu")  # where messages travel from
+    tied = tied_gradients(plan, ties, s, stage.module, wire)  # after the replicas' groups, on every rank
     stash = plan.schedule == "1f1b" and cfg.stash and needs_stash(plan, part, s)
     versions = WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
     params = list(versions.live.values())
@@ -375,6 +378,7 @@ def _train(
     replicas = [st.replicas for st in plan.stages]
     progress = _Progress(cfg, stage.has_output and replica == 0, sum(segs.lengths) // segs.units_per_step)
     worker.on_step = progress.step
+    worker.tied = tied
     validation: list[dict[str, Any]] = []
     programs: dict[int, Any] = {}
     written: list[int] = []

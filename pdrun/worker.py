@@ -23,6 +23,7 @@ from pdrun.overlap import OverlappedAllReduce
 from pdrun.partition import Partition
 from pdrun.shm_reduce import ShmAllReduce
 from pdrun.stage import StageModule
+from pdrun.tied import TiedGradients
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
 from shared.layout import inputs_to_channels_last
@@ -162,6 +163,7 @@ class Worker:
         self.events: list[dict[str, Any]] = []
         self.version_log: list[dict[str, Any]] = []
         self.on_step: Callable[[dict[str, Any]], None] | None = None
+        self.tied: TiedGradients | None = None  # parameters other stages hold too (pdrun/tied.py)
         self.DISPATCH: dict[Kind, Callable[[Instr], None]] = {
             Kind.FORWARD: self.forward,
             Kind.BACKWARD: self.backward,
@@ -331,6 +333,8 @@ class Worker:
                 lr = self.lr_at(self.steps)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
+            if self.tied is not None:
+                self.tied.sum()  # after the replicas' all-reduce, before the update
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.versions.stepped()

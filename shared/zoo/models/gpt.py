@@ -1,7 +1,8 @@
 """A GPT-style decoder (Radford et al., 2019; after nanoGPT): pre-norm blocks with causal self-attention.
 
-Input and output embeddings are separate matrices (no weight tying) so that a
-pipeline may put them on different stages.
+Input and output embeddings are separate matrices by default; ``tie=True`` makes the output
+projection read the token embedding's matrix, as GPT-2 does. A pipeline that puts the two on
+different stages keeps them one parameter by summing its gradient (pdrun/tied.py).
 """
 
 from __future__ import annotations
@@ -68,7 +69,14 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(
-        self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, dropout: float
+        self,
+        vocab_size: int,
+        block_size: int,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
+        dropout: float,
+        tie: bool = False,
     ) -> None:
         super().__init__()
         self.block_size = block_size
@@ -85,6 +93,8 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
+        if tie:
+            self.lm_head.weight = self.wte.weight  # one parameter, read by the first and the last layer
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (N, T) with T <= block_size -> next-token logits (N, T, vocab_size)."""
@@ -109,10 +119,11 @@ def gpt(
     block_size: int = 1024,
     vocab_size: int = 50257,
     dropout: float = 0.0,
+    tie: bool = False,
 ) -> nn.Module:
     check_positive(
         "gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size
     )
     if n_embd % n_head:
         raise ValueError(f"gpt: n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
-    return GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
+    return GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout, tie)

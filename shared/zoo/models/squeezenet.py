@@ -15,8 +15,16 @@ from shared.zoo.models.checks import check_image_size, check_positive
 from shared.zoo.registry import register_model
 
 # (squeeze, expand1x1, expand3x3) planes of the eight Fire modules, and where the max-pools go.
-_FIRES = ((16, 64, 64), (16, 64, 64), (32, 128, 128), (32, 128, 128), (48, 192, 192), (48, 192, 192))
-_FIRES += ((64, 256, 256), (64, 256, 256))
+_FIRES: tuple[tuple[int, int, int], ...] = (
+    (16, 64, 64),
+    (16, 64, 64),
+    (32, 128, 128),
+    (32, 128, 128),
+    (48, 192, 192),
+    (48, 192, 192),
+    (64, 256, 256),
+    (64, 256, 256),
+)
 _POOLS_AFTER = {"1_0": (3, 7), "1_1": (2, 4)}  # pools follow these Fire modules (0-based)
 
 

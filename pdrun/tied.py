@@ -1,0 +1,152 @@
+"""Tied parameters: one parameter that several stages hold, kept one parameter by summing its gradient.
+
+A model may use one tensor in several layers (GPT-2's token embedding is also its output
+projection). When a plan puts those layers on different stages, each stage holds its own
+copy. As Megatron-LM does with its embedding group (Shoeybi et al., 2019; Narayanan et al.,
+SC'21, "the input embedding and output layer share weights ... we all-reduce the gradients
+of these shared weights across the first and last stages"), the ranks of the stages that
+hold a tied parameter form a process group of their own and sum its gradient every step,
+before the optimizer step, so every copy takes the same update from the same gradient: the
+gradient one process computes for the one parameter.
+
+A tie is found by identity: the same ``nn.Parameter`` object read by layers of several
+stages in the traced model (whatever its qualified names), so every rank, tracing the same
+model, derives the same ties in the same order without the plan recording them.
+
+Replicas: a replicated stage has already reduced its gradients among its replicas (the
+ALLREDUCE instruction comes before STEP), so each of its ``r`` ranks holds the stage's
+gradient; each contributes ``1/r`` of it to the tie's sum, which then counts each stage once.
+
+[Note: tied parameters under 1f1b] Every rank of a tie steps once per unit, in unit order,
+so the k-th sum of every copy adds the gradients of unit k, and the copies stay identical
+after every step. With weight stashing each stage's part of that gradient is taken at the
+version its own forward of unit k used: the first stage's is ``in_flight - 1`` versions older
+than the last stage's, as for any other weight of the first stage (with vertical sync both
+use the input stage's version). The sum is a blocking collective: the later stage waits at
+its step for the earlier stage's backward of the same unit, which costs 1f1b the overlap
+between them. A replicated stage steps once per round of its replicas, so under 1f1b a tie
+may span unreplicated stages only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+
+from pdrun.partition import Partition
+from shared.errors import PlanError
+from shared.plan import Plan
+from shared.tracer import TracedModel
+
+
+@dataclass(frozen=True)
+class Tie:
+    """One parameter held by several stages: its qualified names as each of them reads it."""
+
+    names: tuple[tuple[int, tuple[str, ...]], ...]  # (stage, its names for the parameter), stages in order
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        return tuple(s for s, _ in self.names)
+
+    def label(self) -> str:
+        """How messages name the tie: ``wte.weight (stage 0) = lm_head.weight (stage 2)``."""
+        return " = ".join(f"{names[0]} (stage {s})" for s, names in self.names)
+
+
+def _read_parameters(module: nn.Module, node: fx.Node) -> Iterator[tuple[str, nn.Parameter]]:
+    """The parameters a layer reads, by the qualified names the stage module will give them."""
+    if node.op == "call_module":
+        sub = module.get_submodule(str(node.target))
+        for name, p in sub.named_parameters(remove_duplicate=False):
+            yield f"{node.target}.{name}", p
+    elif node.op == "get_attr":
+        obj: Any = module
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        if isinstance(obj, nn.Parameter):
+            yield str(node.target), obj
+
+
+def find_ties(traced: TracedModel, part: Partition) -> list[Tie]:
+    """Every parameter that layers of more than one stage read, in the order the model first reads them."""
+    nodes = traced.fx_nodes()
+    held: dict[int, dict[int, list[str]]] = {}  # id(parameter) -> stage -> names
+    for s, layers in enumerate(part.layers):
+        for layer in layers:
+            for name, p in _read_parameters(traced.module, nodes[layer]):
+                names = held.setdefault(id(p), {}).setdefault(s, [])
+                if name not in names:
+                    names.append(name)
+    return [
+        Tie(tuple((s, tuple(names)) for s, names in sorted(stages.items())))
+        for stages in held.values()
+        if len(stages) > 1
+    ]
+
+
+def check_ties(plan: Plan, ties: list[Tie], source: str = "plan") -> None:
+    """Refuse what the tie sum cannot keep exact: under 1f1b, a tie over a replicated stage."""
+    if plan.schedule != "1f1b":
+        return
+    for tie in ties:
+        for s in tie.stages:
+            if plan.stages[s].replicas > 1:
+                raise PlanError(
+                    f"{source}: stages[{s}].replicas: tied parameter {tie.label()} spans stage {s} with "
+                    f"{plan.stages[s].replicas} replicas, which under 1f1b steps once per round of its replicas "
+                    "while the other stages step every unit; use one replica there or a flush schedule"
+                )
+
+
+class TiedGradients:
+    """This rank's share of the ties: per group of stages, its parameters and the group's collective."""
+
+    def __init__(self, groups: list[tuple[Any, float, list[nn.Parameter]]], wire: torch.device) -> None:
+        self.groups = groups  # (process group, this rank's weight 1/replicas, the tied parameters it holds)
+        self.wire = wire
+
+    def sum(self) -> None:
+        """Sum every tied gradient over the stages that hold it (before the optimizer step)."""
+        for group, weight, params in self.groups:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire)
+            if weight != 1.0:
+                flat.mul_(weight)
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset : offset + n].view_as(p).to(p.device)
+                offset += n
+
+
+def tied_gradients(
+    plan: Plan, ties: list[Tie], stage: int, module: nn.Module, wire: torch.device
+) -> TiedGradients | None:
+    """Make every tie's process group (every rank must call this, in the same order) and this rank's share.
+
+    The ties whose stages are the same share one group and one flat all-reduce. ``module`` is
+    this rank's stage module; its parameters are found by the names the tie records for ``stage``.
+    """
+    by_stages: dict[tuple[int, ...], list[Tie]] = {}
+    for tie in ties:
+        by_stages.setdefault(tie.stages, []).append(tie)
+    live = dict(module.named_parameters())
+    mine: list[tuple[Any, float, list[nn.Parameter]]] = []
+    for stages, group_ties in by_stages.items():
+        ranks = sorted(r for s in stages for r in plan.stages[s].ranks)
+        group = dist.new_group(ranks)
+        if stage not in stages:
+            continue
+        params = []
+        for tie in group_ties:
+            names = dict(tie.names)[stage]
+            params.append(live[next(n for n in names if n in live)])
+        mine.append((group, 1.0 / plan.stages[stage].replicas, params))
+    return TiedGradients(mine, wire) if mine else None
