@@ -171,7 +171,7 @@ def profile(
         data_args=parse_kv(data_args, "--data-arg"),
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
-    )
+    ).anchored(".")  # file paths recorded absolute: the graph and its plans work from any directory
     config = ProfileConfig(
         spec,
         batch_size,

@@ -18,7 +18,7 @@ import networkx as nx
 from pydantic import Field, model_validator
 
 from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
-from shared.spec import RunSpec
+from shared.spec import RunSpec, artifact_folder
 from shared.version import FORMAT_GRAPH
 
 # Node kinds. An "input" node is a model input: the planner zeroes it and puts it in stage 0.
@@ -131,8 +131,9 @@ def graph_hash(node_ids: Iterable[str], edges: Iterable[tuple[str, str]]) -> str
 
 
 def load_graph(source: str | os.PathLike[str]) -> LayerGraph:
-    """Load and validate a layer graph from a path or ``-``."""
-    return load_json_artifact(LayerGraph, source, FORMAT_GRAPH, "a layer graph (pdprof.graph/1)")
+    """Load and validate a layer graph from a path or ``-``; its file specs are read relative to its folder."""
+    graph = load_json_artifact(LayerGraph, source, FORMAT_GRAPH, "a layer graph (pdprof.graph/1)")
+    return graph.model_copy(update={"spec": graph.spec.anchored(artifact_folder(source))})
 
 
 def save_graph(graph: LayerGraph, path: str | os.PathLike[str]) -> None:

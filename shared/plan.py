@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
 from shared.errors import PlanError
 from shared.graph import LayerGraph
-from shared.spec import RunSpec
+from shared.spec import RunSpec, artifact_folder
 from shared.version import FORMAT_PLAN
 
 Schedule = Literal["1f1b", "1f1b-flush", "gpipe"]
@@ -263,8 +263,9 @@ def stage_graph(plan: Plan, graph: LayerGraph) -> nx.DiGraph:
 
 
 def load_plan(source: str | os.PathLike[str]) -> Plan:
-    """Load and validate a plan from a path or ``-``."""
-    return load_json_artifact(Plan, source, FORMAT_PLAN, "a stage plan (pdplan.plan/1)")
+    """Load and validate a plan from a path or ``-``; its file specs are read relative to the plan's folder."""
+    plan = load_json_artifact(Plan, source, FORMAT_PLAN, "a stage plan (pdplan.plan/1)")
+    return plan.model_copy(update={"spec": plan.spec.anchored(artifact_folder(source))})
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import SpecError
+from shared.spec import file_target
 
 FORMS = "zoo:NAME, package.module:callable or path/to/file.py:callable"
 _ZOO_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -43,7 +44,7 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise SpecError(f"{kind} spec {spec!r}: expected {FORMS}")
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if file_target(spec) is not None:
         path = Path(target)
         if not path.is_file():
             raise SpecError(f"{kind} spec {spec!r}: file {target!r} not found")
