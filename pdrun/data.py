@@ -9,12 +9,13 @@ compute the same indices, so they see the same samples without talking.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from typing import Any
 
 import torch
 
 from shared.batches import gather
-from shared.errors import SpecError, UserError
+from shared.errors import DataError, SpecError, UserError
 from shared.resolve import resolve_dataset
 from shared.spec import RunSpec
 
@@ -32,6 +33,7 @@ class Units:
         pad: bool = False,
     ) -> None:
         self.dataset = dataset
+        self.name = name  # how messages name the data: "dataset zoo:digits"
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
@@ -63,8 +65,45 @@ class Units:
         return min(self.batch_size, len(self.dataset) - b * self.batch_size)
 
     def batch(self, unit: int, inputs: bool = True, target: bool = True) -> tuple[tuple[Any, ...], Any]:
-        """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None (``shared.batches``)."""
-        return gather(self.dataset, self.indices(unit), inputs, target)
+        """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None (``shared.batches``).
+
+        A batch that cannot be gathered raises ``DataError`` naming the sample that differs."""
+        indices = self.indices(unit)
+        try:
+            return gather(self.dataset, indices, inputs, target)
+        except Exception as exc:
+            raise DataError(self._unbatchable(unit, indices, exc)) from None
+
+    def _unbatchable(self, unit: int, indices: torch.Tensor, exc: Exception) -> str:
+        """Which sample of ``unit`` spoils its batch: one that fails to read, or the first unlike the most."""
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        layouts: dict[int, str] = {}
+        for i in map(int, indices):
+            try:
+                layouts[i] = _layout(self.dataset[i])
+            except Exception as bad:
+                return (
+                    f"{self.name}: sample {i} (unit {unit}): reading it failed: {type(bad).__name__}: {bad}"
+                )
+        common, _ = Counter(layouts.values()).most_common(1)[0]
+        odd = next((i for i, layout in layouts.items() if layout != common), None)
+        if odd is not None:
+            usual = next(i for i, layout in layouts.items() if layout == common)
+            return (
+                f"{self.name}: sample {odd} (unit {unit}) is {layouts[odd]}, but sample {usual} of the same batch "
+                f"is {common}; every sample needs the same shapes and dtypes"
+            )
+        shown = ", ".join(map(str, indices[:3].tolist()))
+        return f"{self.name}: the samples of unit {unit} ({shown}, ...) cannot be batched: {why}"
+
+
+def _layout(value: Any) -> str:
+    """A sample's structure, shapes and dtypes: what must agree for samples to be stacked."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_layout(v) for v in value) + ")"
+    return type(value).__name__
 
 
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

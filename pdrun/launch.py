@@ -26,6 +26,7 @@ import torch
 from pdrun import checkpoint
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets
+from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.partition import check_ranks, partition
 from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
@@ -64,6 +65,7 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     resolve_loss(plan.spec.loss)
     train_set, _ = datasets(plan.spec)
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
+    check_data(traced, units, plan.spec.loss)  # one batch through the whole model, before any worker
     segs = segments(plan, cfg, units.per_epoch)
     validate_program(
         build_program(

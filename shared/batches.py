@@ -34,7 +34,9 @@ def gather(
         # the zoo's synthetic data), without fetching the inputs sample by sample.
         return (), (targets.index_select(0, indices) if target else None)
     samples = [dataset[int(i)] for i in indices]
-    got, labels = default_collate(samples)
+    # Collate only the parts asked for: a stage is not failed (or slowed) by the parts it does not read.
+    got = default_collate([s[0] for s in samples]) if inputs else ()
+    labels = default_collate([s[1] for s in samples]) if target else None
     if not isinstance(got, (tuple, list)):
         got = (got,)
-    return (tuple(got) if inputs else ()), (labels if target else None)
+    return tuple(got), labels

@@ -43,6 +43,10 @@ class TraceError(UserError):
     """A model torch.fx cannot trace, with the construct and the option that avoids it."""
 
 
+class DataError(UserError):
+    """A dataset the model cannot take: names the data spec, the sample and the layer or the batching."""
+
+
 class PlanError(UserError):
     """A plan that does not fit its graph, its model or the launcher."""
 
