@@ -67,34 +67,34 @@ class Units:
     def batch(self, unit: int, inputs: bool = True, target: bool = True) -> tuple[tuple[Any, ...], Any]:
         """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None (``shared.batches``).
 
-        A batch that cannot be gathered raises ``DataError`` naming the sample that differs."""
+        A batch whose samples differ in shape or dtype raises ``DataError`` naming the odd sample."""
         indices = self.indices(unit)
         try:
             return gather(self.dataset, indices, inputs, target)
-        except Exception as exc:
-            raise DataError(self._unbatchable(unit, indices, exc)) from None
+        except Exception:
+            odd = self._odd_sample(unit, indices)
+            if odd is None:
+                raise  # not a batching problem: the dataset's own error, as it raised it
+            raise DataError(odd) from None
 
-    def _unbatchable(self, unit: int, indices: torch.Tensor, exc: Exception) -> str:
-        """Which sample of ``unit`` spoils its batch: one that fails to read, or the first unlike the most."""
-        why = " ".join(str(exc).split()) or type(exc).__name__
+    def _odd_sample(self, unit: int, indices: torch.Tensor) -> str | None:
+        """The sample of ``unit`` unlike most of its batch, in words; None when every sample looks alike
+        (or one fails to read: then the dataset's own error is the one to report)."""
         layouts: dict[int, str] = {}
         for i in map(int, indices):
             try:
                 layouts[i] = _layout(self.dataset[i])
-            except Exception as bad:
-                return (
-                    f"{self.name}: sample {i} (unit {unit}): reading it failed: {type(bad).__name__}: {bad}"
-                )
+            except Exception:
+                return None
         common, _ = Counter(layouts.values()).most_common(1)[0]
         odd = next((i for i, layout in layouts.items() if layout != common), None)
-        if odd is not None:
-            usual = next(i for i, layout in layouts.items() if layout == common)
-            return (
-                f"{self.name}: sample {odd} (unit {unit}) is {layouts[odd]}, but sample {usual} of the same batch "
-                f"is {common}; every sample needs the same shapes and dtypes"
-            )
-        shown = ", ".join(map(str, indices[:3].tolist()))
-        return f"{self.name}: the samples of unit {unit} ({shown}, ...) cannot be batched: {why}"
+        if odd is None:
+            return None
+        usual = next(i for i, layout in layouts.items() if layout == common)
+        return (
+            f"{self.name}: sample {odd} (unit {unit}) is {layouts[odd]}, but sample {usual} of the same batch "
+            f"is {common}; every sample needs the same shapes and dtypes"
+        )
 
 
 def _layout(value: Any) -> str:

@@ -22,9 +22,16 @@ from shared.tracer import TracedModel
 
 def check_data(traced: TracedModel, units: Units, loss: str) -> None:
     """Raise ``DataError`` naming the layer (or the loss) that refuses unit 0's batch."""
-    inputs, target = units.batch(0)  # a sample that cannot be batched is named by Units itself
     indices = units.indices(0).tolist()
     shown = ", ".join(map(str, indices[:3])) + (", ..." if len(indices) > 3 else "")
+    try:
+        inputs, target = units.batch(0)  # a sample unlike the others is named by Units itself
+    except DataError:
+        raise
+    except Exception as exc:  # the dataset's own code failed
+        raise DataError(
+            f"{units.name}: batch 0 (samples {shown}): reading it failed: {type(exc).__name__}: {_why(exc)}"
+        ) from None
     where = f"{units.name}: batch 0 (samples {shown}; input {describe(inputs)})"
     dtype = next((p.dtype for p in traced.module.parameters() if p.is_floating_point()), torch.float32)
     inputs, target = (
@@ -46,7 +53,7 @@ def check_data(traced: TracedModel, units: Units, loss: str) -> None:
         except Exception as exc:
             raise DataError(
                 f"{where}: loss {loss!r} refused the model's output {describe(output)} and the target "
-                f"{describe(target)}: {_first_line(exc)}"
+                f"{describe(target)}: {_why(exc)}"
             ) from None
 
 
@@ -66,7 +73,7 @@ class _Checked(fx.Interpreter):
             args = [self.env[a] for a in n.all_input_nodes if a in self.env]
             raise DataError(
                 f"{self.where}: layer {n.name!r} ({_what(self.module, n)}) refused {describe(tuple(args))}: "
-                f"{_first_line(exc)}"
+                f"{_why(exc)}"
             ) from None
 
 
@@ -88,6 +95,7 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _first_line(exc: BaseException) -> str:
+def _why(exc: BaseException) -> str:
+    """torch's first line (its own words, without fx's appended node code)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

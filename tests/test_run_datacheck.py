@@ -74,6 +74,31 @@ def test_data_the_model_cannot_take_is_one_line_before_any_worker(
         assert part in line, line
 
 
+BROKEN = """
+def build():
+    return Broken()
+
+
+class Broken:
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        raise KeyError("no such row")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_that_cannot_be_read_is_one_line_before_any_worker(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN)
+    spec = RunSpec(
+        model="zoo:resmlp", model_args={"width": 16, "depth": 1}, data=f"{tmp_path}/broken.py:build"
+    )
+    code, line = _error(tmp_path, spec, ["blocks_0_fc2"], "--steps", "1")
+    assert code == 2 and "worker rank" not in line, line
+    assert f"dataset {spec.data}: batch 0 (samples " in line and "reading it failed: KeyError" in line, line
+
+
 BAD_SAMPLE = """
 import torch
 
