@@ -1,17 +1,19 @@
-"""Schedules as data: per-worker lists of typed instructions, with no torch in them.
+"""Schedules as data: typed instructions and one lazy generator per schedule, with no torch in them.
 
 A *worker* is ``(stage, replica)``; unit ``u`` (a minibatch in 1F1B, a microbatch in
-the flushing schedules) goes to replica ``u % replicas[stage]`` of every stage. The
-runtime (pdrun) executes each worker's list through a dispatch table; the planner's
-simulator executes the same lists with profiled costs. The generators live beside these
-types; validation is in ``shared.schedule_check`` and the grid drawing in ``shared.schedule_grid``.
+the flushing schedules) goes to replica ``u % replicas[stage]`` of every stage. Each
+schedule is a generator of one worker's instructions for a range of units, computed
+from a few integers (:class:`Pipeline`): a pdrun rank runs its own stream through a
+dispatch table as it is generated; the planner's simulator and ``pdrun schedule`` run
+the same generators for every worker (:func:`build_program`) with profiled or unit costs.
+Validation is in ``shared.schedule_check`` and the grid drawing in ``shared.schedule_grid``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -34,7 +36,7 @@ class Kind(str, Enum):
 Worker = tuple[int, int]  # (stage, replica)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Instr:
     """One instruction; ``peer`` is the other worker of a send or receive."""
 
@@ -52,7 +54,6 @@ class Instr:
 
 Program = dict[Worker, list[Instr]]  # the whole schedule: each worker's instructions in order
 
-SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")
 COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD})
 SENDS = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD})
 RECVS = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
@@ -190,7 +191,89 @@ def in_flight_bounds(
     return bounds
 
 
-# ---------------------------------------------------------------------------- compute orders
+# ---------------------------------------------------------------------------- the integers
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The few integers every schedule is computed from: replicas per stage, the stage DAG, and so on.
+
+    ``bounds[s]`` is how many of its own units a worker of stage s forwards before its
+    first backward (:func:`in_flight_bounds`); ``microbatches`` is the units per optimizer
+    step of the flushing schedules. Make one with :func:`pipeline`, which checks them.
+    """
+
+    replicas: tuple[int, ...]
+    edges: tuple[tuple[int, int], ...]
+    bounds: tuple[int, ...]
+    microbatches: int = 1
+
+    @property
+    def stages(self) -> int:
+        return len(self.replicas)
+
+    def workers(self) -> list[Worker]:
+        return stage_workers(self.replicas)
+
+    def producers(self, stage: int) -> tuple[int, ...]:
+        return tuple(a for a, b in self.edges if b == stage)
+
+    def consumers(self, stage: int) -> tuple[int, ...]:
+        return tuple(b for a, b in self.edges if a == stage)
+
+    def owner(self, stage: int, unit: int) -> Worker:
+        return (stage, unit % self.replicas[stage])
+
+
+def pipeline(
+    replicas: Sequence[int],
+    *,
+    microbatches: int = 1,
+    stage_edges: Sequence[tuple[int, int]] | None = None,
+    in_flight: int | None = None,
+) -> Pipeline:
+    """A checked :class:`Pipeline`; ``in_flight`` (1f1b's NOAM override) lowers the warm-up bounds."""
+    reps = list(replicas)
+    if not reps or any(int(n) != n or n < 1 for n in reps):
+        raise ScheduleError(f"replicas: {reps} must be one positive count per stage")
+    if microbatches < 1:
+        raise ScheduleError(f"microbatches: {microbatches} must be at least 1")
+    if in_flight is not None and in_flight < 1:
+        raise ScheduleError(f"in_flight: {in_flight} must be at least 1")
+    edges = _check_edges(len(reps), stage_edges)
+    bounds = in_flight_bounds(reps, edges, in_flight)
+    return Pipeline(tuple(int(n) for n in reps), tuple(edges), tuple(bounds), microbatches)
+
+
+# ---------------------------------------------------------------------------- lowering
+
+
+def lower(pipe: Pipeline, stage: int, ops: Iterable[Instr]) -> Iterator[Instr]:
+    """Add each compute op's receives before it and its sends after it (PyTorch's lowering pass).
+
+    Lazy: one op in, its few instructions out. Instructions other than FORWARD and
+    BACKWARD (all-reduce, step, and whatever later schedules add) pass through as they are.
+    """
+    producers, consumers = pipe.producers(stage), pipe.consumers(stage)
+    for ins in ops:
+        u = ins.unit
+        if ins.kind is Kind.FORWARD:
+            for a in producers:
+                yield Instr(Kind.RECV_ACT, u, pipe.owner(a, u))
+            yield ins
+            for b in consumers:
+                yield Instr(Kind.SEND_ACT, u, pipe.owner(b, u))
+        elif ins.kind is Kind.BACKWARD:
+            for b in consumers:
+                yield Instr(Kind.RECV_GRAD, u, pipe.owner(b, u))
+            yield ins
+            for a in producers:
+                yield Instr(Kind.SEND_GRAD, u, pipe.owner(a, u))
+        else:
+            yield ins
+
+
+# ---------------------------------------------------------------------------- generators
 #
 # [Note: 1F1B order] Each worker runs its own units (u with u % replicas == replica) in
 # increasing order: k forwards of warm-up, then one backward and one forward in turn,
@@ -204,48 +287,230 @@ def in_flight_bounds(
 #
 # GPipe runs all the step's forwards, then all its backwards in reverse order (the last
 # microbatch's activations are the freshest, as in GPipe's Figure 2).
+#
+# [Note: generators] A schedule is a class with one generator, ``compute``: given the
+# pipeline's integers, one worker and a range of units [first, stop), it yields that
+# worker's compute ops (F, B) and step ops (AR, S) in order, computed on the fly from a
+# few integers (DeepSpeed's shape), so a rank holds nothing that grows with the run.
+# ``program`` lowers them (adds the matched sends and receives). A range of units is a
+# program that drains at its end: a run is a sequence of such programs, cut at epoch
+# ends and checkpoints (``pdrun.runner``). ``units_per_step`` is what a program's length
+# must be a multiple of; ``period`` the units after which the steady state repeats, and
+# ``fill`` how many units warm-up plus drain take: window validation
+# (``shared.schedule_check.validate_run``) checks a program of ``window(units)`` units,
+# which has the same warm-up, drain and residue of ``period`` as the whole, and at least
+# two steady periods between.
 
-Order = list[tuple[Kind, int]]
+
+def _own_units(first: int, stop: int, n: int, replica: int) -> range:
+    """The units u in [first, stop) with u % n == replica, as a range (nothing materialised)."""
+    start = first + (replica - first) % n
+    return range(start, max(start, stop), n)
 
 
-def one_f_one_b_order(units: Sequence[int], warmup: int) -> Order:
+def one_f_one_b_order(units: Sequence[int], warmup: int) -> Iterator[tuple[Kind, int]]:
     """Warm-up forwards, then backward/forward pairs, then drain: PipeDream's 1F1B for one worker."""
     k = min(warmup, len(units))
-    order: Order = [(Kind.FORWARD, u) for u in units[:k]]
+    for i in range(k):
+        yield Kind.FORWARD, units[i]
     for i in range(len(units) - k):
-        order += [(Kind.BACKWARD, units[i]), (Kind.FORWARD, units[i + k])]
-    order += [(Kind.BACKWARD, u) for u in units[len(units) - k :]]
-    return order
+        yield Kind.BACKWARD, units[i]
+        yield Kind.FORWARD, units[i + k]
+    for i in range(len(units) - k, len(units)):
+        yield Kind.BACKWARD, units[i]
 
 
-def gpipe_order(units: Sequence[int]) -> Order:
+def gpipe_order(units: Sequence[int]) -> Iterator[tuple[Kind, int]]:
     """All forwards in order, then all backwards in reverse order."""
-    return [(Kind.FORWARD, u) for u in units] + [(Kind.BACKWARD, u) for u in reversed(units)]
+    for u in units:
+        yield Kind.FORWARD, u
+    for u in reversed(units):
+        yield Kind.BACKWARD, u
 
 
-def _lower(
-    orders: dict[Worker, list[Instr]], replicas: Sequence[int], edges: Sequence[tuple[int, int]]
-) -> Program:
-    """Add each compute op's receives before it and its sends after it (PyTorch's lowering pass)."""
-    producers = {s: [a for a, b in edges if b == s] for s in range(len(replicas))}
-    consumers = {s: [b for a, b in edges if a == s] for s in range(len(replicas))}
-    program: Program = {}
-    for (stage, replica), instrs in orders.items():
-        out: list[Instr] = []
-        for ins in instrs:
-            u = ins.unit
-            if ins.kind is Kind.FORWARD:
-                out += [Instr(Kind.RECV_ACT, u, worker_of_unit(a, u, replicas)) for a in producers[stage]]
-                out.append(ins)
-                out += [Instr(Kind.SEND_ACT, u, worker_of_unit(b, u, replicas)) for b in consumers[stage]]
-            elif ins.kind is Kind.BACKWARD:
-                out += [Instr(Kind.RECV_GRAD, u, worker_of_unit(b, u, replicas)) for b in consumers[stage]]
-                out.append(ins)
-                out += [Instr(Kind.SEND_GRAD, u, worker_of_unit(a, u, replicas)) for a in producers[stage]]
-            else:
-                out.append(ins)
-        program[(stage, replica)] = out
-    return program
+class Schedule:
+    """One schedule: a generator of one worker's instructions for a range of units (see [Note: generators])."""
+
+    name = ""
+    trains = True  # whether every forward has its backward (the validation pass has none)
+
+    def units_per_step(self, pipe: Pipeline) -> int:
+        """Units from one optimizer step of the whole pipeline to the next; a program's length is a multiple."""
+        return math.lcm(*pipe.replicas)
+
+    def period(self, pipe: Pipeline) -> int:
+        """Units after which every worker's steady state repeats (unit numbers shifted)."""
+        return math.lcm(self.units_per_step(pipe), *pipe.replicas)
+
+    def fill(self, pipe: Pipeline) -> int:
+        """Units that warm-up and drain take together, at most."""
+        return 2 * max(n * k for n, k in zip(pipe.replicas, pipe.bounds, strict=True))
+
+    def window(self, pipe: Pipeline, units: int) -> int:
+        """The length of a program that stands for one of ``units`` units (see [Note: generators])."""
+        p = self.period(pipe)
+        least = p * (-(-self.fill(pipe) // p) + 2)  # warm-up + drain, and two steady periods
+        return units if units <= least + p else least + (units - least) % p
+
+    def check_units(self, pipe: Pipeline, units: int) -> None:
+        """Raise :class:`ScheduleError` unless a program of ``units`` units can be made."""
+        if units < 1:
+            raise ScheduleError(f"units: {units} must be at least 1")
+        step = self.units_per_step(pipe)
+        if units % step:
+            raise ScheduleError(f"units: {units} is not a multiple of {step}; use {units - units % step or step}")
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        """The worker's compute and step instructions for units [first, stop), in order."""
+        raise NotImplementedError
+
+    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        """The worker's whole instruction stream for units [first, stop), communication lowered."""
+        return lower(pipe, worker[0], self.compute(pipe, worker, first, stop))
+
+
+class OneFOneB(Schedule):
+    """``1f1b``: PipeDream, asynchronous; every unit is its own step, with weight stashing in the runtime.
+
+    A worker runs [Note: 1F1B order] over its own units; ``B u`` is followed by ``AR u``
+    on a replicated stage (the i-th all-reduce of each replica is one collective, so
+    round i joins units ``i*r .. i*r + r - 1``) and ``S u``.
+    """
+
+    name = "1f1b"
+
+    def check_units(self, pipe: Pipeline, units: int) -> None:
+        if units < 1:
+            raise ScheduleError(f"units: {units} must be at least 1")
+        for s, n in enumerate(pipe.replicas):
+            if n > 1 and units % n:
+                raise ScheduleError(
+                    f"units: {units} is not a multiple of stage {s}'s {n} replicas "
+                    f"(1f1b all-reduces one unit per replica at a time); use {units - units % n or n}"
+                )
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage, replica = worker
+        replicated = pipe.replicas[stage] > 1
+        mine = _own_units(first, stop, pipe.replicas[stage], replica)
+        for kind, u in one_f_one_b_order(mine, pipe.bounds[stage]):
+            yield Instr(kind, u)
+            if kind is Kind.BACKWARD:
+                if replicated:
+                    yield Instr(Kind.ALLREDUCE, u)
+                yield Instr(Kind.STEP, u)
+
+
+class _Flush(Schedule):
+    """A flushing schedule: steps of ``microbatches`` units, each ending in AR (replicated) and S everywhere.
+
+    Every replica of a stage joins the step's all-reduce and step, labelled with the
+    step's last unit, even one with no unit in that step (it contributes no gradient),
+    so that replicas stay identical.
+    """
+
+    def units_per_step(self, pipe: Pipeline) -> int:
+        return pipe.microbatches
+
+    def fill(self, pipe: Pipeline) -> int:
+        return 2 * pipe.microbatches  # a step drains before the next: the first and the last step
+
+    def order(self, pipe: Pipeline, stage: int, units: range) -> Iterator[tuple[Kind, int]]:
+        raise NotImplementedError
+
+    def check_units(self, pipe: Pipeline, units: int) -> None:
+        if units < 1:
+            raise ScheduleError(f"units: {units} must be at least 1")
+        m = pipe.microbatches
+        if units % m:
+            raise ScheduleError(
+                f"units: {units} is not a multiple of microbatches={m} "
+                f"({self.name} steps once per {m} units); use {units - units % m or m}"
+            )
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage, replica = worker
+        replicated = pipe.replicas[stage] > 1
+        m = pipe.microbatches
+        for start in range(first, stop, m):
+            last = start + m - 1
+            for kind, u in self.order(pipe, stage, _own_units(start, last + 1, pipe.replicas[stage], replica)):
+                yield Instr(kind, u)
+            if replicated:
+                yield Instr(Kind.ALLREDUCE, last)
+            yield Instr(Kind.STEP, last)
+
+
+class OneFOneBFlush(_Flush):
+    """``1f1b-flush`` (PipeDream-Flush): within a step, [Note: 1F1B order] with the same warm-up bounds."""
+
+    name = "1f1b-flush"
+
+    def order(self, pipe: Pipeline, stage: int, units: range) -> Iterator[tuple[Kind, int]]:
+        return one_f_one_b_order(units, pipe.bounds[stage])
+
+
+class GPipe(_Flush):
+    """``gpipe``: within a step, all forwards in order, then all backwards in reverse order."""
+
+    name = "gpipe"
+
+    def order(self, pipe: Pipeline, stage: int, units: range) -> Iterator[tuple[Kind, int]]:
+        return gpipe_order(units)
+
+
+class ForwardOnly(Schedule):
+    """``forward``: the validation pass, one forward per unit through the pipeline, nothing to step."""
+
+    name = "forward"
+    trains = False
+
+    def units_per_step(self, pipe: Pipeline) -> int:
+        return 1
+
+    def fill(self, pipe: Pipeline) -> int:
+        return 2 * max(pipe.replicas)
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage, replica = worker
+        for u in _own_units(first, stop, pipe.replicas[stage], replica):
+            yield Instr(Kind.FORWARD, u)
+
+
+GENERATORS: dict[str, Schedule] = {g.name: g for g in (OneFOneB(), OneFOneBFlush(), GPipe(), ForwardOnly())}
+SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")  # what a plan may name; "forward" is the validation pass
+
+
+def get_schedule(name: str) -> Schedule:
+    """The generator of schedule ``name``; ScheduleError naming the choices otherwise."""
+    if name not in GENERATORS:
+        raise ScheduleError(f"schedule: {name!r} is not one of {', '.join(SCHEDULES)}")
+    return GENERATORS[name]
+
+
+def make_pipeline(
+    schedule: str,
+    replicas: Sequence[int],
+    *,
+    microbatches: int = 1,
+    stage_edges: Sequence[tuple[int, int]] | None = None,
+    in_flight: int | None = None,
+) -> Pipeline:
+    """The :class:`Pipeline` of a run of ``schedule``: ``in_flight`` applies to ``1f1b`` only."""
+    get_schedule(schedule)
+    return pipeline(
+        replicas,
+        microbatches=microbatches,
+        stage_edges=stage_edges,
+        in_flight=in_flight if schedule == "1f1b" else None,
+    )
+
+
+def worker_program(schedule: str | Schedule, pipe: Pipeline, worker: Worker, units: int) -> Iterator[Instr]:
+    """One worker's instructions for a program of ``units`` units, lazily (what each rank runs)."""
+    gen = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    gen.check_units(pipe, units)
+    return gen.program(pipe, worker, 0, units)
 
 
 def build_program(
@@ -257,64 +522,22 @@ def build_program(
     stage_edges: Sequence[tuple[int, int]] | None = None,
     in_flight: int | None = None,
 ) -> Program:
-    """Every worker's instructions for ``units`` units of ``schedule``, communication lowered.
+    """Every worker's instructions for ``units`` units of ``schedule``, materialised (drawing, simulation).
 
     ``1f1b``: each unit is an optimizer step (BACKWARD u, ALLREDUCE u when the stage is
     replicated, STEP u); ``in_flight`` is NOAM, units admitted per input-stage worker
     before its first backward. ``1f1b-flush`` and ``gpipe``: ``units // microbatches``
     steps, each ending on every worker with ALLREDUCE (replicated stages) and STEP
     labelled with the step's last unit; a replica with no unit in a step still joins
-    them (it contributes no gradient) so that replicas stay identical.
+    them (it contributes no gradient) so that replicas stay identical. ``forward``: the
+    validation pass. The same generators as :func:`worker_program`, for every worker.
     """
-    if schedule not in SCHEDULES:
-        raise ScheduleError(f"schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
-    replicas = list(replicas)
-    if not replicas or any(int(n) != n or n < 1 for n in replicas):
-        raise ScheduleError(f"replicas: {replicas} must be one positive count per stage")
-    if units < 1:
-        raise ScheduleError(f"units: {units} must be at least 1")
-    if microbatches < 1:
-        raise ScheduleError(f"microbatches: {microbatches} must be at least 1")
-    if in_flight is not None and in_flight < 1:
-        raise ScheduleError(f"in_flight: {in_flight} must be at least 1")
-    edges = _check_edges(len(replicas), stage_edges)
-    bounds = in_flight_bounds(replicas, edges, in_flight if schedule == "1f1b" else None)
-    workers = stage_workers(replicas)
-    orders: dict[Worker, list[Instr]] = {w: [] for w in workers}
-
-    if schedule == "1f1b":
-        for s, n in enumerate(replicas):
-            if n > 1 and units % n:
-                raise ScheduleError(
-                    f"units: {units} is not a multiple of stage {s}'s {n} replicas "
-                    f"(1f1b all-reduces one unit per replica at a time); use {units - units % n or n}"
-                )
-        for stage, replica in workers:
-            mine = list(range(replica, units, replicas[stage]))
-            for kind, u in one_f_one_b_order(mine, bounds[stage]):
-                orders[(stage, replica)].append(Instr(kind, u))
-                if kind is Kind.BACKWARD:
-                    if replicas[stage] > 1:
-                        orders[(stage, replica)].append(Instr(Kind.ALLREDUCE, u))
-                    orders[(stage, replica)].append(Instr(Kind.STEP, u))
-        return _lower(orders, replicas, edges)
-
-    if units % microbatches:
-        raise ScheduleError(
-            f"units: {units} is not a multiple of microbatches={microbatches} "
-            f"({schedule} steps once per {microbatches} units); use {units - units % microbatches or microbatches}"
-        )
-    for first in range(0, units, microbatches):
-        last = first + microbatches - 1
-        for stage, replica in workers:
-            n = replicas[stage]
-            mine = [u for u in range(first, last + 1) if u % n == replica]
-            order = one_f_one_b_order(mine, bounds[stage]) if schedule == "1f1b-flush" else gpipe_order(mine)
-            orders[(stage, replica)] += [Instr(kind, u) for kind, u in order]
-            if n > 1:
-                orders[(stage, replica)].append(Instr(Kind.ALLREDUCE, last))
-            orders[(stage, replica)].append(Instr(Kind.STEP, last))
-    return _lower(orders, replicas, edges)
+    gen = get_schedule(schedule)
+    pipe = make_pipeline(
+        schedule, replicas, microbatches=microbatches, stage_edges=stage_edges, in_flight=in_flight
+    )
+    gen.check_units(pipe, units)
+    return {w: list(gen.program(pipe, w, 0, units)) for w in pipe.workers()}
 
 
 def max_in_flight(program: Program) -> dict[Worker, int]:

@@ -1,29 +1,34 @@
 """Validating a program before any of it runs: one line naming the worker and the instruction.
 
-pdrun validates every program it builds (and ``pdrun schedule`` every program it draws), so
-that a schedule that cannot run fails before training, with the grid of the failing program
+pdrun validates every program of a run, each on a bounded window that stands for it
+(:func:`validate_run`), and ``pdrun schedule`` every program it draws, so that a schedule
+that cannot run fails before training, with the grid of the failing program
 (``shared.schedule_grid``) and the failing instruction marked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from shared.schedule import (
     RECVS,
     SENDS,
     Instr,
     Kind,
+    Pipeline,
     Program,
+    Schedule,
     ScheduleError,
     Worker,
+    get_schedule,
     worker_name,
 )
 from shared.schedule_grid import draw_grid
 from shared.simulate import Costs, run_timeline
 
 
-def validate_program(program: Program) -> None:
+def validate_program(program: Program, *, trains: bool = True) -> None:
     """Raise :class:`ScheduleError` (one line, with ``.grid``) unless ``program`` can run to the end.
 
     Checks, in order: every peer is a worker of the program and in the right direction;
@@ -31,10 +36,12 @@ def validate_program(program: Program) -> None:
     every send has its receive and every receive its send, in the same order between
     the same two workers (messages between two ranks arrive in the order sent); every
     replica of a stage joins the same number of all-reduces; and the whole program runs
-    to the end with blocking receives and non-blocking sends (no deadlock).
+    to the end with blocking receives and non-blocking sends (no deadlock). Linear in the
+    program's length but for the deadlock check's simulation (``shared.simulate``). With
+    ``trains`` false (the forward-only validation pass) a forward needs no backward.
     """
     for w, instrs in program.items():
-        _check_worker(program, w, instrs)
+        _check_worker(program, w, instrs, trains)
     _check_messages(program)
     _check_allreduces(program)
     stages = 1 + max((s for s, _ in program), default=0)
@@ -49,11 +56,43 @@ def validate_program(program: Program) -> None:
         )
 
 
+def window_program(schedule: Schedule, pipe: Pipeline, units: int) -> Program:
+    """Every worker's program of ``schedule.window(pipe, units)`` units: what stands for one of ``units``."""
+    schedule.check_units(pipe, units)
+    length = schedule.window(pipe, units)
+    return {w: list(schedule.program(pipe, w, 0, length)) for w in pipe.workers()}
+
+
+def validate_run(schedule: str | Schedule, pipe: Pipeline, lengths: Iterable[int]) -> None:
+    """Validate every program of a run, one bounded window per distinct length (see below).
+
+    [Note: window validation] A run is a sequence of programs, each draining at its end
+    (the run is cut at epoch ends, checkpoints and resume points; ``lengths`` are the
+    programs' lengths). Programs run one after another: each one's messages on a channel
+    precede the next one's, each one's all-reduces are its own, so the run is valid when
+    each distinct program is. A generator's program of n units is warm-up, steady periods
+    of ``period`` units, and drain; beyond a few periods a longer program only repeats
+    the steady period more times, with unit numbers shifted. So each program is checked
+    on a window of ``window(n)`` units: the same warm-up and drain, the same residue of
+    the period, and at least two steady periods, never more than a bounded number of units
+    whatever n is. ``tests/test_schedule_window.py`` checks that this agrees with validating
+    every program whole, on a grid of cases small enough for both, broken ones included.
+    """
+    gen = get_schedule(schedule) if isinstance(schedule, str) else schedule
+    seen: set[int] = set()
+    for units in lengths:
+        gen.check_units(pipe, units)
+        length = gen.window(pipe, units)
+        if length not in seen:
+            seen.add(length)
+            validate_program(window_program(gen, pipe, units), trains=gen.trains)
+
+
 def _fail(program: Program, message: str, worker: Worker, index: int) -> ScheduleError:
     return ScheduleError(message, draw_grid(program, marks=[(worker, index)]), worker, index)
 
 
-def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr]) -> None:
+def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr], trains: bool) -> None:
     name = worker_name(w)
     forwarded: set[int] = set()
     backwarded: set[int] = set()
@@ -79,6 +118,8 @@ def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr]) -> None:
                     program, f"{name} B{ins.unit}: backward of unit {ins.unit} before its forward", w, i
                 )
             backwarded.add(ins.unit)
+    if not trains:  # the validation pass: forwards only
+        return
     for u in sorted(forwarded - backwarded):
         i = next(j for j, ins in enumerate(instrs) if ins.kind is Kind.FORWARD and ins.unit == u)
         raise _fail(program, f"{name} F{u}: unit {u} is forwarded but never backwarded", w, i)
@@ -103,18 +144,20 @@ def _check_messages(program: Program) -> None:
         outs, gets = sent.get(chan, []), received.get(chan, [])
         recv_units = [u for u, _ in gets]
         send_units = [u for u, _ in outs]
+        # Counted once per channel: linear in the messages (list.count per unit was quadratic).
+        send_count, recv_count = Counter(send_units), Counter(recv_units)
         for u, i in outs:
             send_text = f"{worker_name(src)} {send_code}{u}>{_peer_text(dst)}"
             recv_text = f"{recv_code}{u}<{_peer_text(src)}"
-            if send_units.count(u) > 1:
-                raise _fail(program, f"{send_text}: sent {send_units.count(u)} times", src, i)
-            if recv_units.count(u) == 0:
+            if send_count[u] > 1:
+                raise _fail(program, f"{send_text}: sent {send_count[u]} times", src, i)
+            if recv_count[u] == 0:
                 raise _fail(program, f"{send_text}: no matching {recv_text} on {worker_name(dst)}", src, i)
-            if recv_units.count(u) > 1:
+            if recv_count[u] > 1:
                 j = [k for uu, k in gets if uu == u][1]
                 raise _fail(program, f"{worker_name(dst)} {recv_text}: received twice", dst, j)
         for u, i in gets:
-            if u not in send_units:
+            if u not in send_count:
                 raise _fail(
                     program,
                     f"{worker_name(dst)} {recv_code}{u}<{_peer_text(src)}: no matching "

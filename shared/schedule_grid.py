@@ -22,8 +22,11 @@ def draw_grid(program: Program, *, detail: bool = False, marks: Sequence[tuple[W
     slot_of = {(op.worker, op.index): int(op.start) for op in timeline.ops if op.instr.kind in COMPUTE}
     marked = set(marks)
     rows: dict[Worker, dict[int, list[str]]] = {w: {} for w in program}
+    lasts: dict[Worker, int] = {}
+    for (ww, _), slot in slot_of.items():
+        lasts[ww] = max(lasts.get(ww, -1), slot)
     for w, instrs in program.items():
-        last = max((slot for (ww, _), slot in slot_of.items() if ww == w), default=-1)
+        last = lasts.get(w, -1)
         for group in _groups(instrs):
             compute = next((i for i in group if instrs[i].kind in COMPUTE), None)
             slot = slot_of.get((w, compute)) if compute is not None else None
