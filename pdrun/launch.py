@@ -29,14 +29,13 @@ from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.partition import check_ranks, partition
-from pdrun.runner import WorkerResult, effective_plan, segments, worker_entry
+from pdrun.runner import WorkerResult, chunks, effective_plan, pipeline_of, segments, worker_entry
 from pdrun.shm import remove_run_links
 from pdrun.tied import check_ties, find_ties
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program
-from shared.schedule_check import validate_program
+from shared.schedule_check import validate_run
 from shared.tracer import trace
 
 
@@ -67,16 +66,8 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
     check_data(traced, units, plan.spec.loss)  # one batch through the whole model, before any worker
     segs = segments(plan, cfg, units.per_epoch)
-    validate_program(
-        build_program(
-            plan.schedule,
-            [s.replicas for s in plan.stages],
-            segs.lengths[0],
-            microbatches=plan.microbatches,
-            stage_edges=sorted(part.edges()),
-            in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
-        )
-    )
+    # Every program of the run (its segments cut at checkpoints), each on a bounded window.
+    validate_run(plan.schedule, pipeline_of(plan, part), chunks(segs, cfg))
 
 
 def launch(

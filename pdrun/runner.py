@@ -14,6 +14,7 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
@@ -43,8 +44,8 @@ from shared.layout import module_to_channels_last, use_channels_last
 from shared.malloc import steady_malloc
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import build_program, in_flight_bounds
-from shared.schedule_check import validate_program
+from shared.schedule import GENERATORS, Pipeline, in_flight_bounds, make_pipeline, worker_program
+from shared.schedule_check import validate_run
 from shared.tracer import trace
 
 
@@ -55,7 +56,7 @@ class WorkerResult:
     rank: int
     stage: int
     replica: int
-    steps: int
+    steps: int  # the run's optimizer steps (runner.units_per_step units each), the same on every rank
     units: int
     wall_s: float
     rows: list[dict[str, Any]]
@@ -70,6 +71,7 @@ class WorkerResult:
     resumed_from: int | None = None  # the step of the checkpoint this run started from
     send_thread: bool = False  # its sends went through the helper thread (--send-thread)
     shm: bool = False  # its messages, and a replicated stage's gradient sums, went through shared memory
+    updates: int = 0  # this rank's own optimizer updates (1f1b: a replica of r updates once per r units)
 
 
 @dataclass(frozen=True)
@@ -93,31 +95,54 @@ def effective_plan(plan: Plan, cfg: RunConfig) -> Plan:
     return plan.model_copy(update=update) if update else plan
 
 
+def units_per_step(plan: Plan) -> int:
+    """Units in one optimizer step of the run (what ``--steps`` counts).
+
+    Flushing schedules: the plan's ``microbatches``. ``1f1b``: one unit per step when no
+    stage is replicated (PipeDream: every minibatch is an update at every stage). A stage
+    of r replicas all-reduces once per r units, one from each replica, so its weights are
+    updated once per r units; a step is then one round of ``lcm(replicas)`` units, after
+    which every replica of every stage has made a whole number of identical updates
+    (``lcm / r``; one for the most replicated stages, more for stages with fewer replicas).
+    It is what data parallelism calls a step: one update of a global batch, r units wide.
+    """
+    if plan.schedule != "1f1b":
+        return plan.microbatches
+    return math.lcm(*(s.replicas for s in plan.stages))
+
+
 def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
     """Cut the run into programs; raises ``UserError`` when nothing would run."""
-    ups = 1 if plan.schedule == "1f1b" else plan.microbatches
-    # 1f1b all-reduces one unit per replica at a time: a program's units must divide among replicas.
-    multiple = math.lcm(*(s.replicas for s in plan.stages)) if plan.schedule == "1f1b" else ups
-    if cfg.checkpoint_every is not None and cfg.checkpoint_every * ups % multiple:
-        raise UserError(
-            f"--checkpoint-every: {cfg.checkpoint_every} must be a multiple of {multiple} "
-            "(the replicas of the plan's stages)"
-        )
+    ups = units_per_step(plan)
     if cfg.steps is not None:
-        units = cfg.steps * ups
-        if units % multiple:
-            raise UserError(
-                f"--steps: {cfg.steps} must be a multiple of {multiple} (the replicas of the plan's stages)"
-            )
-        return Segments((units,), False, ups)
+        return Segments((cfg.steps * ups,), False, ups)
     epochs = cfg.epochs or 1
-    units = per_epoch - per_epoch % multiple
+    units = per_epoch - per_epoch % ups
     if units < 1:
         raise UserError(
             f"dataset: one epoch holds {per_epoch} units of {plan.batch_size} samples, fewer than one step "
-            f"({multiple} units); use --steps or a smaller --microbatches"
+            f"({ups} units); use --steps or a smaller --microbatches"
         )
     return Segments((units,) * epochs, True, ups)
+
+
+def chunks(segs: Segments, cfg: RunConfig, base: int = 0) -> Iterator[int]:
+    """The lengths of the run's programs, in order: its segments cut at every ``--checkpoint-every``."""
+    every = segs.units_per_step * (cfg.checkpoint_every or 0)
+    for length in segs.lengths:
+        yield from _chunks(length, base, every)
+        base += length
+
+
+def pipeline_of(plan: Plan, part: Partition) -> Pipeline:
+    """The few integers the plan's schedule generator is computed from."""
+    return make_pipeline(
+        plan.schedule,
+        [s.replicas for s in plan.stages],
+        microbatches=plan.microbatches,
+        stage_edges=sorted(part.edges()),
+        in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+    )
 
 
 def value_specs(
@@ -210,17 +235,16 @@ def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | 
     return ShmLinks(job, env.rank, cfg.timeout_s, dict(enumerate(pids)))
 
 
-def _chunks(length: int, base: int, every: int) -> list[int]:
+def _chunks(length: int, base: int, every: int) -> Iterator[int]:
     """Cut a segment of ``length`` units starting at global unit ``base`` at multiples of ``every`` (0: not)."""
     if every <= 0:
-        return [length]
-    out = []
+        yield length
+        return
     while length > 0:
         n = min(length, every - base % every)
-        out.append(n)
+        yield n
         length -= n
         base += n
-    return out
 
 
 def _checkpoint(
@@ -322,6 +346,7 @@ def _train(
     else:
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     segs = segments(plan, cfg, units.per_epoch)
+    replica_count = plan.stages[s].replicas
     worker = Worker(
         rank=env.rank,
         stage=stage,
@@ -347,7 +372,8 @@ def _train(
         group=group,
         device=device,
         dtype=dtype,
-        loss_scale=1.0 / segs.units_per_step,
+        loss_scale=1.0 / plan.microbatches if plan.schedule != "1f1b" else 1.0,
+        updates_per_step=segs.units_per_step // replica_count if plan.schedule == "1f1b" else 1,
         average_replicas=plan.schedule == "1f1b",
         vertical_sync=plan.vertical_sync,
         record=cfg.record,
@@ -366,7 +392,7 @@ def _train(
         # A replica of a stage steps once per round of units: its own step count comes back with it.
         worker.steps = checkpoint.load_rank(ck, env.rank, device)
         versions.latest = worker.steps
-    total_steps = worker.steps + sum(segs.lengths) // segs.units_per_step
+    total_steps = worker.run_steps + sum(segs.lengths) // segs.units_per_step
     worker.lr_at = lambda step: cfg.lr_at(step, total_steps)
     val_units = (
         Units(
@@ -375,13 +401,14 @@ def _train(
         if val_set is not None and cfg.validate
         else None
     )
-    replicas = [st.replicas for st in plan.stages]
     progress = _Progress(cfg, stage.has_output and replica == 0, sum(segs.lengths) // segs.units_per_step)
     worker.on_step = progress.step
     worker.tied = tied
     validation: list[dict[str, Any]] = []
-    programs: dict[int, Any] = {}
     written: list[int] = []
+    pipe = pipeline_of(plan, part)
+    schedule = GENERATORS[plan.schedule]
+    checked: set[int] = set()  # the windows validated so far (shared.schedule_check: window validation)
 
     def save_checkpoint() -> None:
         assert cfg.checkpoint_dir is not None
@@ -393,18 +420,12 @@ def _train(
         for epoch, length in enumerate(segs.lengths):
             segment_end = base + length
             for chunk in _chunks(length, base, segs.units_per_step * (cfg.checkpoint_every or 0)):
-                if chunk not in programs:
-                    program = build_program(
-                        plan.schedule,
-                        replicas,
-                        chunk,
-                        microbatches=plan.microbatches,
-                        stage_edges=sorted(part.edges()),
-                        in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
-                    )
-                    validate_program(program)  # every send has its receive, no deadlock: before any runs
-                    programs[chunk] = program
-                worker.run(programs[chunk][(s, replica)], base)
+                if schedule.window(pipe, chunk) not in checked:
+                    # Every send has its receive, no deadlock: before any of it runs, on a bounded window.
+                    validate_run(schedule, pipe, [chunk])
+                    checked.add(schedule.window(pipe, chunk))
+                # This rank's own instructions, generated as they run.
+                worker.run(worker_program(schedule, pipe, (s, replica), chunk), base)
                 base += chunk
                 every = segs.units_per_step * (cfg.checkpoint_every or 0)
                 # The segment's end checkpoints after validation, below.
@@ -412,14 +433,14 @@ def _train(
                     save_checkpoint()
             last = epoch == len(segs.lengths) - 1
             if val_units is not None and (segs.epochs or last):
-                loss_sum, correct, count = worker.validate(val_units)
+                loss_sum, correct, count = worker.validate(val_units, pipe)
                 if stage.has_output and group is not None:
                     t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=worker.comm.wire)
                     dist.all_reduce(t, group=group)
                     loss_sum, correct, count = float(t[0]), int(t[1]), int(t[2])
                 entry = {
                     "epoch": epoch,
-                    "step": worker.steps,
+                    "step": worker.run_steps,
                     "loss_sum": loss_sum,
                     "correct": correct,
                     "count": count,
@@ -434,8 +455,9 @@ def _train(
         rank=env.rank,
         stage=s,
         replica=replica,
-        steps=worker.steps,
+        steps=worker.run_steps,
         units=base,
+        updates=worker.steps,
         wall_s=time.perf_counter() - t_start,
         rows=worker.step_rows,
         events=worker.events if cfg.trace else [],

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from pdrun.tied import TiedGradients
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
 from shared.layout import inputs_to_channels_last
-from shared.schedule import Instr, Kind
+from shared.schedule import ForwardOnly, Instr, Kind, Pipeline, worker_program
 
 _RECEIVES = (Kind.RECV_ACT, Kind.RECV_GRAD)
 # Receives kept posted ahead of the instruction that waits for them. gloo moves a message only
@@ -35,6 +36,9 @@ _RECEIVES = (Kind.RECV_ACT, Kind.RECV_GRAD)
 # "ready", the sender's gloo thread waking up and writing) lay on the critical path. A few
 # covers a step of GPipe's receives; each holds one message's buffers.
 RECEIVES_AHEAD = 4
+# Instructions read ahead, at most, looking for those receives (a stage with none, e.g. a lone
+# data-parallel stage, must not read its whole program in).
+LOOKAHEAD = 1024
 
 
 @dataclass
@@ -111,6 +115,7 @@ class Worker:
         dtype: torch.dtype,
         loss_scale: float,
         average_replicas: bool,
+        updates_per_step: int = 1,
         vertical_sync: bool,
         record: bool,
         recompute: bool = False,
@@ -134,6 +139,10 @@ class Worker:
         self.device = device
         self.dtype = dtype
         self.loss_scale = loss_scale
+        # Optimizer updates this worker makes in one step of the run (pdrun.runner.units_per_step):
+        # one, but lcm(replicas) / replicas on a 1f1b stage with fewer replicas than another. A metrics
+        # row covers one step of the run.
+        self.updates_per_step = updates_per_step
         self.average_replicas = average_replicas
         self.vertical_sync = vertical_sync
         self.record = record
@@ -147,7 +156,8 @@ class Worker:
             if group is not None
             else None
         )
-        self.reduce_units: set[int] = set()  # the units whose backward an all-reduce follows
+        # Whether an all-reduce follows the backward running now (the last before it: its buckets start early).
+        self.reduce_next = False
         self.base = 0  # global index of the current program's unit 0
         self.fault = Fault.from_environ()  # testing: an injected failure
         self.inflight: dict[int, UnitState] = {}
@@ -157,7 +167,7 @@ class Worker:
         self.inbox_version: dict[int, int] = {}
         self.grads: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.outbox: dict[tuple[Kind, int, int], list[torch.Tensor]] = {}
-        self.steps = 0
+        self.steps = 0  # this worker's own optimizer updates
         self.stats = StepStats(time.perf_counter())
         self.step_rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -177,27 +187,37 @@ class Worker:
 
     # ------------------------------------------------------------------ running a program
 
-    def run(self, instrs: list[Instr], base: int) -> None:
-        """Execute ``instrs`` (one worker's list); program unit ``u`` is global unit ``base + u``."""
+    def run(self, instrs: Iterable[Instr], base: int) -> None:
+        """Execute one worker's instruction stream, as it is generated; program unit ``u`` is global ``base + u``.
+
+        The stream is read a little ahead (``_Ahead``): the next ``RECEIVES_AHEAD`` receives
+        are kept posted, and a backward knows whether an all-reduce follows it. Nothing here
+        holds more than that window, however long the program.
+        """
         self.base = base
-        self.reduce_units = {ins.unit for ins in instrs if ins.kind is Kind.ALLREDUCE}
         # A program ends on a step, so nothing is accumulated here: the first step's clock starts now,
         # not during setup or the previous epoch's validation.
         self.stats = StepStats(time.perf_counter())
-        receives = [i for i, ins in enumerate(instrs) if ins.kind in _RECEIVES]
-        ahead = 0  # receives[:ahead] are posted (and maybe done)
-        for at, ins in enumerate(instrs):
-            # Keep the next receives posted, so that their transfers run while this worker computes.
-            while ahead < len(receives) and (receives[ahead] <= at or len(self.posted) < RECEIVES_AHEAD):
-                t0 = time.perf_counter()
-                early = instrs[receives[ahead]]
-                self.posted[receives[ahead]] = self._post(early)
-                ahead += 1
-                # Posting is part of receiving: counted with the receive's kind (recv_wait_s, idle_s).
-                dt = time.perf_counter() - t0
-                self.stats.by_kind[early.kind] = self.stats.by_kind.get(early.kind, 0.0) + dt
-                self.stats.idle_s += dt
-            self.at = at
+        stream = _Ahead(iter(instrs))
+        scan = 0  # the instructions before this index were looked at for receives to post
+        while (ins := stream.next()) is not None:
+            # Keep the next receives posted, so that their transfers run while this worker computes;
+            # the running instruction's own receive is posted now at the latest.
+            while scan <= stream.at or len(self.posted) < RECEIVES_AHEAD:
+                early = stream.peek(scan)
+                if early is None:
+                    break
+                if early.kind in _RECEIVES:
+                    t0 = time.perf_counter()
+                    self.posted[scan] = self._post(early)
+                    # Posting is part of receiving: counted with the receive's kind (recv_wait_s, idle_s).
+                    dt = time.perf_counter() - t0
+                    self.stats.by_kind[early.kind] = self.stats.by_kind.get(early.kind, 0.0) + dt
+                    self.stats.idle_s += dt
+                scan += 1
+            self.at = stream.at
+            if ins.kind is Kind.BACKWARD:
+                self.reduce_next = stream.reduces_next()
             t0 = time.perf_counter()
             wall0 = time.time()
             self.DISPATCH[ins.kind](ins)
@@ -291,7 +311,7 @@ class Worker:
                     roots.append(value)
                     grads.append(g)
         if roots:
-            reducer = self.reducer if u in self.reduce_units else None
+            reducer = self.reducer if self.reduce_next else None
             if reducer is not None:
                 reducer.arm(params)  # the all-reduce that follows starts during this backward
             try:
@@ -330,7 +350,7 @@ class Worker:
         self.versions.before_step()
         if self.optimizer is not None:
             if self.lr_at is not None:
-                lr = self.lr_at(self.steps)
+                lr = self.lr_at(self.run_steps)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
             if self.tied is not None:
@@ -338,7 +358,14 @@ class Worker:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.versions.stepped()
-        self._close_step()
+        self.steps += 1
+        if self.steps % self.updates_per_step == 0:
+            self._close_step()
+
+    @property
+    def run_steps(self) -> int:
+        """The run's optimizer steps this worker has completed."""
+        return self.steps // self.updates_per_step
 
     def _local_sum(self, group: Any) -> Callable[[list[tuple[int, torch.dtype]]], ShmAllReduce] | None:
         """Replicas that pass messages through shared memory (one host's CPU) sum gradients there too."""
@@ -431,7 +458,7 @@ class Worker:
         wall = max(now - st.start, 1e-9)
         self.step_rows.append(
             {
-                "step": self.steps,
+                "step": self.run_steps - 1,
                 "loss": sum(st.losses) / len(st.losses) if st.losses else math.nan,
                 "rank": self.rank,
                 "stage": self.s,
@@ -445,45 +472,107 @@ class Worker:
                 "versions": self.versions.held(),
             }
         )
-        self.steps += 1
         self.stats = StepStats(now)
         if self.on_step is not None:
             self.on_step(self.step_rows[-1])
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, units: Units) -> tuple[float, int, int]:
-        """Forward-only pass over ``units`` through the pipeline: (loss sum, correct, samples) on the last stage."""
-        loss_sum, correct, count = 0.0, 0, 0
-        n = len(self.peers.ranks[self.s])
+    def validate(self, units: Units, pipe: Pipeline) -> tuple[float, int, int]:
+        """Forward-only pass over ``units`` through the pipeline: (loss sum, correct, samples) on the last stage.
+
+        It runs the ``forward`` schedule's program (``shared.schedule.ForwardOnly``): one
+        forward per unit, its receives before it and its sends after it, as training does.
+        """
+        tally = _Tally()
         self.stage.module.eval()  # dropout off, BatchNorm on its running statistics
-        for v in range(units.per_epoch):
-            if v % n != self.replica:
+        for ins in worker_program(ForwardOnly(), pipe, (self.s, self.replica), units.per_epoch):
+            if ins.kind is Kind.FORWARD:
+                self._val_forward(ins.unit, units, tally)
                 continue
-            received: dict[str, Any] = {}
-            for a, names in self.part.receives(self.s):
+            assert ins.peer is not None
+            peer = self.peers.rank(ins.peer)
+            if ins.kind is Kind.RECV_ACT:
+                names = dict(self.part.receives(self.s))[ins.peer[0]]
                 _, got = self.comm.recv(
-                    self._buffers(names), self.peers.of_unit(a, v), TAG_VAL, v, "validation activations"
+                    self._buffers(names), peer, TAG_VAL, ins.unit, "validation activations"
                 )
-                received.update(self._unpack(names, got))
-            inputs, target = units.batch(
-                v, inputs=bool(self.stage.batch_inputs), target=self.stage.has_output
-            )
-            inputs = self._inputs(inputs) if self.stage.batch_inputs else ()
-            with torch.no_grad():
-                sent, output = self.stage.run(tuple(inputs), received)
-                for b, names in self.part.consumers(self.s):
-                    tensors = self._pack(names, sent)
-                    self.comm.send([self.comm.header(v, 0), *tensors], self.peers.of_unit(b, v), TAG_VAL)
-                if self.stage.has_output:
-                    real = units.real(v)
-                    output, target = _head(output, real), to_device(target, self.device, self.dtype)[:real]
-                    loss_sum += float(self.loss_fn(output, target)) * real
-                    correct += _correct(output, target)
-                    count += real
+                self.inbox.setdefault(ins.unit, {}).update(self._unpack(names, got))
+            else:  # SEND_ACT
+                self.comm.send(self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0])), peer, TAG_VAL)
         self.comm.drain()
         self.stage.module.train()
-        return loss_sum, correct, count
+        return tally.loss_sum, tally.correct, tally.count
+
+    def _val_forward(self, v: int, units: Units, tally: _Tally) -> None:
+        received = self.inbox.pop(v, {})
+        inputs, target = units.batch(v, inputs=bool(self.stage.batch_inputs), target=self.stage.has_output)
+        inputs = self._inputs(inputs) if self.stage.batch_inputs else ()
+        with torch.no_grad():
+            sent, output = self.stage.run(tuple(inputs), received)
+        for b, names in self.part.consumers(self.s):
+            self.outbox[(Kind.SEND_ACT, v, b)] = [self.comm.header(v, 0), *self._pack(names, sent)]
+        if self.stage.has_output:
+            real = units.real(v)
+            output, target = _head(output, real), to_device(target, self.device, self.dtype)[:real]
+            tally.loss_sum += float(self.loss_fn(output, target)) * real
+            tally.correct += _correct(output, target)
+            tally.count += real
+
+
+@dataclass
+class _Tally:
+    """What validation sums on the last stage."""
+
+    loss_sum: float = 0.0
+    correct: int = 0
+    count: int = 0
+
+
+class _Ahead:
+    """A worker's instruction stream, read a little ahead of the instruction running.
+
+    It holds only the instructions between the running one and the furthest one looked at
+    (at most ``LOOKAHEAD``), so a program of any length costs the same memory.
+    """
+
+    def __init__(self, stream: Iterator[Instr]) -> None:
+        self.stream = stream
+        self.buffer: deque[Instr] = deque()  # read, after the running instruction
+        self.current: Instr | None = None
+        self.at = -1  # the index of the running instruction
+
+    def next(self) -> Instr | None:
+        """Move on to the next instruction (None at the end)."""
+        self.current = self.buffer.popleft() if self.buffer else next(self.stream, None)
+        if self.current is not None:
+            self.at += 1
+        return self.current
+
+    def peek(self, index: int) -> Instr | None:
+        """The instruction at ``index`` (the running one or later), None past the end or the lookahead."""
+        if index == self.at:
+            return self.current
+        i = index - self.at - 1
+        if i >= LOOKAHEAD:
+            return None
+        while len(self.buffer) <= i:
+            ins = next(self.stream, None)
+            if ins is None:
+                return None
+            self.buffer.append(ins)
+        return self.buffer[i]
+
+    def reduces_next(self) -> bool:
+        """Whether an ALLREDUCE follows the running backward before the next compute op."""
+        index = self.at + 1
+        while (ins := self.peek(index)) is not None:
+            if ins.kind is Kind.ALLREDUCE:
+                return True
+            if ins.kind in (Kind.FORWARD, Kind.BACKWARD):
+                return False
+            index += 1
+        return False
 
 
 def _head(output: Any, n: int) -> Any:

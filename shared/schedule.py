@@ -358,7 +358,9 @@ class Schedule:
             raise ScheduleError(f"units: {units} must be at least 1")
         step = self.units_per_step(pipe)
         if units % step:
-            raise ScheduleError(f"units: {units} is not a multiple of {step}; use {units - units % step or step}")
+            raise ScheduleError(
+                f"units: {units} is not a multiple of {step}; use {units - units % step or step}"
+            )
 
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         """The worker's compute and step instructions for units [first, stop), in order."""
@@ -434,7 +436,9 @@ class _Flush(Schedule):
         m = pipe.microbatches
         for start in range(first, stop, m):
             last = start + m - 1
-            for kind, u in self.order(pipe, stage, _own_units(start, last + 1, pipe.replicas[stage], replica)):
+            for kind, u in self.order(
+                pipe, stage, _own_units(start, last + 1, pipe.replicas[stage], replica)
+            ):
                 yield Instr(kind, u)
             if replicated:
                 yield Instr(Kind.ALLREDUCE, last)

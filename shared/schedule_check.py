@@ -32,7 +32,8 @@ def validate_program(program: Program, *, trains: bool = True) -> None:
     """Raise :class:`ScheduleError` (one line, with ``.grid``) unless ``program`` can run to the end.
 
     Checks, in order: every peer is a worker of the program and in the right direction;
-    each worker forwards and backwards each of its units exactly once, forward first;
+    each worker forwards and backwards each of its units exactly once, forward first, and
+    sends a unit's values only after the compute op that makes them;
     every send has its receive and every receive its send, in the same order between
     the same two workers (messages between two ranks arrive in the order sent); every
     replica of a stage joins the same number of all-reduces; and the whole program runs
@@ -80,7 +81,11 @@ def validate_run(schedule: str | Schedule, pipe: Pipeline, lengths: Iterable[int
     """
     gen = get_schedule(schedule) if isinstance(schedule, str) else schedule
     seen: set[int] = set()
+    lengths_seen: set[int] = set()
     for units in lengths:
+        if units in lengths_seen:  # a run of a million steps is cut into few distinct lengths
+            continue
+        lengths_seen.add(units)
         gen.check_units(pipe, units)
         length = gen.window(pipe, units)
         if length not in seen:
@@ -106,6 +111,12 @@ def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr], trains: 
                 raise _fail(program, f"{name} {ins}: the peer must be at {side} stage than {w[0]}", w, i)
         elif ins.peer is not None:
             raise _fail(program, f"{name} {ins}: {ins.kind.name} takes no peer", w, i)
+        if ins.kind is Kind.SEND_ACT and ins.unit not in forwarded:
+            raise _fail(
+                program, f"{name} {ins}: sends unit {ins.unit}'s activations before its forward", w, i
+            )
+        if ins.kind is Kind.SEND_GRAD and ins.unit not in backwarded:
+            raise _fail(program, f"{name} {ins}: sends unit {ins.unit}'s gradients before its backward", w, i)
         if ins.kind is Kind.FORWARD:
             if ins.unit in forwarded:
                 raise _fail(program, f"{name} F{ins.unit}: unit {ins.unit} is forwarded twice", w, i)

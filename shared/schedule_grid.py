@@ -23,8 +23,8 @@ def draw_grid(program: Program, *, detail: bool = False, marks: Sequence[tuple[W
     marked = set(marks)
     rows: dict[Worker, dict[int, list[str]]] = {w: {} for w in program}
     lasts: dict[Worker, int] = {}
-    for (ww, _), slot in slot_of.items():
-        lasts[ww] = max(lasts.get(ww, -1), slot)
+    for (ww, _), at in slot_of.items():
+        lasts[ww] = max(lasts.get(ww, -1), at)
     for w, instrs in program.items():
         last = lasts.get(w, -1)
         for group in _groups(instrs):
