@@ -2,10 +2,10 @@
 
 Runs, in order: pdrun against the alternatives (``bench.bench_runtime``), the planner's
 prediction against pdrun's measurement (``bench.bench_predict``), time to accuracy
-(``bench.bench_accuracy``), and the planner's and profiler's own benchmarks
-(``bench.bench_planner``, ``bench.bench_profiler``) when they are present. A benchmark that
-fails is reported in RESULTS.md with its error; the others still run. Artifacts (graphs,
-plans, run metrics) go to ``bench/out/``.
+(``bench.bench_accuracy``), start-up against the run's length (``bench.bench_startup``), and
+the planner's and profiler's own benchmarks (``bench.bench_planner``, ``bench.bench_profiler``)
+when they are present. A benchmark that fails is reported in RESULTS.md with its error; the
+others still run. Artifacts (graphs, plans, run metrics) go to ``bench/out/``.
 
     python -m bench.run_all            # the full run (about 10-15 minutes on 2 CPU cores)
     python -m bench.run_all --quick    # a few steps of everything: checks the harness, not the figures
@@ -271,15 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the harness)")
     parser.add_argument("--work", default="bench/out", help="where artifacts go")
     parser.add_argument(
-        "--only", nargs="*", default=None, help="run only these: runtime predict accuracy planner profiler"
+        "--only",
+        nargs="*",
+        default=None,
+        help="run only these: runtime predict accuracy startup planner profiler",
     )
     args = parser.parse_args(argv)
-    from bench import bench_accuracy, bench_predict, bench_runtime
+    from bench import bench_accuracy, bench_predict, bench_runtime, bench_startup
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     PLOTS.mkdir(parents=True, exist_ok=True)
-    wanted = set(args.only or ["runtime", "predict", "accuracy", "planner", "profiler"])
+    wanted = set(args.only or ["runtime", "predict", "accuracy", "startup", "planner", "profiler"])
     quick = ["--quick"] if args.quick else []
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
@@ -306,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = bench_accuracy.QUICK if args.quick else bench_accuracy.Config()
             acc.plots.append(plots.accuracy(acc.tables["curves"], cfg.target, PLOTS / "time_to_accuracy.png"))
         reports["accuracy"] = acc
+    if "startup" in wanted:
+        reports["startup"] = _run_internal(
+            "bench_startup", lambda: bench_startup.main(["--work", str(work), *quick]), log
+        )
     external: dict[str, dict[str, Any] | None] = {}
     for name, cmd in EXTERNAL.items():
         if name.removeprefix("bench_") in wanted:

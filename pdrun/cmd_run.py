@@ -18,7 +18,12 @@ from shared.plan import SCHEDULES, Plan, load_plan
 
 @click.command("run")
 @click.argument("plan", default="-")
-@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps to run (default: --epochs 1).")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    help="Optimizer steps to run (default: --epochs 1). A step is --microbatches units (flush schedules); "
+    "with 1f1b one unit, or one round of lcm(replicas) units when a stage is replicated (docs/pdrun.md).",
+)
 @click.option(
     "--epochs", type=click.IntRange(min=1), help="Epochs over the training set; validation after each."
 )

@@ -29,7 +29,7 @@ from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.partition import check_ranks, partition
-from pdrun.runner import WorkerResult, chunks, effective_plan, pipeline_of, segments, worker_entry
+from pdrun.runner import WorkerResult, chunk_lengths, effective_plan, pipeline_of, segments, worker_entry
 from pdrun.shm import remove_run_links
 from pdrun.tied import check_ties, find_ties
 from shared.errors import PDError, RunError, UserError
@@ -67,7 +67,7 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     check_data(traced, units, plan.spec.loss)  # one batch through the whole model, before any worker
     segs = segments(plan, cfg, units.per_epoch)
     # Every program of the run (its segments cut at checkpoints), each on a bounded window.
-    validate_run(plan.schedule, pipeline_of(plan, part), chunks(segs, cfg))
+    validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg)))
 
 
 def launch(

@@ -126,12 +126,26 @@ def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
     return Segments((units,) * epochs, True, ups)
 
 
-def chunks(segs: Segments, cfg: RunConfig, base: int = 0) -> Iterator[int]:
-    """The lengths of the run's programs, in order: its segments cut at every ``--checkpoint-every``."""
+def chunk_lengths(segs: Segments, cfg: RunConfig, base: int = 0) -> set[int]:
+    """The distinct lengths of the run's programs (its segments cut at every ``--checkpoint-every``).
+
+    Computed per segment, not per program: a million steps checkpointed every step are one length.
+    """
     every = segs.units_per_step * (cfg.checkpoint_every or 0)
+    out: set[int] = set()
     for length in segs.lengths:
-        yield from _chunks(length, base, every)
+        if every <= 0:
+            out.add(length)
+        else:
+            head = min(length, (every - base % every) % every or every)  # up to the next multiple
+            out.add(head)
+            rest = length - head
+            if rest >= every:
+                out.add(every)
+            if rest % every:
+                out.add(rest % every)
         base += length
+    return out
 
 
 def pipeline_of(plan: Plan, part: Partition) -> Pipeline:
