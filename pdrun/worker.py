@@ -486,7 +486,12 @@ class Worker:
         """
         tally = _Tally()
         self.stage.module.eval()  # dropout off, BatchNorm on its running statistics
-        for ins in worker_program(ForwardOnly(), pipe, (self.s, self.replica), units.per_epoch):
+        program = (
+            worker_program(ForwardOnly(), pipe, (self.s, self.replica), units.per_epoch)
+            if units.per_epoch
+            else ()
+        )
+        for ins in program:
             if ins.kind is Kind.FORWARD:
                 self._val_forward(ins.unit, units, tally)
                 continue
