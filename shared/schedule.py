@@ -24,7 +24,8 @@ class Kind(str, Enum):
     """What one instruction does."""
 
     FORWARD = "F"  # run the stage forward on unit
-    BACKWARD = "B"  # run the stage backward on unit
+    BACKWARD = "B"  # run the stage backward on unit (input and weight gradients, or input only if W follows)
+    WEIGHT = "W"  # the weight gradients of unit whose B computed only the input gradients (zero bubble)
     SEND_ACT = "SA"  # send unit's activations to peer (a later stage)
     RECV_ACT = "RA"  # receive unit's activations from peer (an earlier stage)
     SEND_GRAD = "SG"  # send unit's input gradients to peer (an earlier stage)
@@ -38,23 +39,30 @@ Worker = tuple[int, int]  # (stage, replica)
 
 @dataclass(frozen=True, order=True, slots=True)
 class Instr:
-    """One instruction; ``peer`` is the other worker of a send or receive."""
+    """One instruction; ``peer`` is the other worker of a send or receive; ``chunk`` a virtual stage.
+
+    ``chunk`` is which of its worker's model chunks a compute op runs (interleaved
+    schedules; 0 otherwise); on a send or receive it is the chunk of the *sender's* op,
+    so both ends of a message name it alike (see [Note: chunks] in ``shared.schedule_more``).
+    """
 
     kind: Kind
     unit: int
     peer: Worker | None = None
+    chunk: int = 0
 
     def __str__(self) -> str:
-        # Compact, round-trippable: F3, B3, SA3>1.0, RG3<2.0, AR7, S7
+        # Compact, round-trippable: F3, B3, SA3>1.0, RG3<2.0, AR7, S7; chunk 1: F3.1, SA3.1>1.0
+        head = f"{self.kind.value}{self.unit}" + (f".{self.chunk}" if self.chunk else "")
         if self.peer is None:
-            return f"{self.kind.value}{self.unit}"
+            return head
         arrow = ">" if self.kind in (Kind.SEND_ACT, Kind.SEND_GRAD) else "<"
-        return f"{self.kind.value}{self.unit}{arrow}{self.peer[0]}.{self.peer[1]}"
+        return f"{head}{arrow}{self.peer[0]}.{self.peer[1]}"
 
 
 Program = dict[Worker, list[Instr]]  # the whole schedule: each worker's instructions in order
 
-COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD})
+COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT})
 SENDS = frozenset({Kind.SEND_ACT, Kind.SEND_GRAD})
 RECVS = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
 
@@ -104,21 +112,28 @@ def worker_name(worker: Worker) -> str:
     return f"s{worker[0]}.r{worker[1]}"
 
 
-_INSTR = re.compile(r"^(F|B|SA|RA|SG|RG|AR|S)(\d+)(?:([<>])(\d+)\.(\d+))?$")
+_INSTR = re.compile(r"^(F|B|W|SA|RA|SG|RG|AR|S)(\d+)(?:\.(\d+))?(?:([<>])(\d+)\.(\d+))?$")
 
 
 def parse_instr(text: str) -> Instr:
-    """The inverse of ``str(Instr)``: ``"RA3<0.1"`` -> ``Instr(RECV_ACT, 3, (0, 1))``."""
+    """The inverse of ``str(Instr)``: ``"RA3<0.1"`` -> ``Instr(RECV_ACT, 3, (0, 1))``, ``"F3.1"`` chunk 1."""
     m = _INSTR.match(text.strip())
     if m is None:
-        raise ScheduleError(f"{text!r}: not an instruction (expected e.g. F3, B3, SA3>1.0, RG3<2.0, AR7, S7)")
+        raise ScheduleError(
+            f"{text!r}: not an instruction (expected e.g. F3, B3, W3, F3.1, SA3>1.0, RG3<2.0, AR7, S7)"
+        )
     kind = Kind(m.group(1))
-    peer = (int(m.group(4)), int(m.group(5))) if m.group(3) else None
+    peer = (int(m.group(5)), int(m.group(6))) if m.group(4) else None
     if (peer is None) != (kind not in SENDS | RECVS):
         raise ScheduleError(f"{text!r}: {kind.name} {'needs' if peer is None else 'takes no'} peer")
-    if peer is not None and (m.group(3) == ">") != (kind in SENDS):
+    if peer is not None and (m.group(4) == ">") != (kind in SENDS):
         raise ScheduleError(f"{text!r}: sends point '>' at their peer, receives '<'")
-    return Instr(kind, int(m.group(2)), peer)
+    chunk = int(m.group(3)) if m.group(3) is not None else 0
+    if m.group(3) is not None and (chunk == 0 or kind in (Kind.ALLREDUCE, Kind.STEP)):
+        raise ScheduleError(
+            f"{text!r}: a chunk is written only when it is not 0, and only on compute or messages"
+        )
+    return Instr(kind, int(m.group(2)), peer, chunk)
 
 
 def program_to_text(program: Program) -> dict[str, list[str]]:
@@ -207,6 +222,7 @@ class Pipeline:
     edges: tuple[tuple[int, int], ...]
     bounds: tuple[int, ...]
     microbatches: int = 1
+    chunks: int = 1  # model chunks (virtual stages) per worker: the interleaved schedules' V
 
     @property
     def stages(self) -> int:
@@ -231,6 +247,7 @@ def pipeline(
     microbatches: int = 1,
     stage_edges: Sequence[tuple[int, int]] | None = None,
     in_flight: int | None = None,
+    chunks: int = 1,
 ) -> Pipeline:
     """A checked :class:`Pipeline`; ``in_flight`` (1f1b's NOAM override) lowers the warm-up bounds."""
     reps = list(replicas)
@@ -240,9 +257,11 @@ def pipeline(
         raise ScheduleError(f"microbatches: {microbatches} must be at least 1")
     if in_flight is not None and in_flight < 1:
         raise ScheduleError(f"in_flight: {in_flight} must be at least 1")
+    if chunks < 1:
+        raise ScheduleError(f"chunks: {chunks} must be at least 1 (model chunks per worker)")
     edges = _check_edges(len(reps), stage_edges)
     bounds = in_flight_bounds(reps, edges, in_flight)
-    return Pipeline(tuple(int(n) for n in reps), tuple(edges), tuple(bounds), microbatches)
+    return Pipeline(tuple(int(n) for n in reps), tuple(edges), tuple(bounds), microbatches, chunks)
 
 
 # ---------------------------------------------------------------------------- lowering
@@ -351,6 +370,14 @@ class Schedule:
         p = self.period(pipe)
         least = p * (-(-self.fill(pipe) // p) + 2)  # warm-up + drain, and two steady periods
         return units if units <= least + p else least + (units - least) % p
+
+    def check_pipeline(self, pipe: Pipeline) -> None:
+        """Raise :class:`ScheduleError` unless this schedule runs on ``pipe`` (PipeDream's three run on any)."""
+        if pipe.chunks != 1:
+            raise ScheduleError(
+                f"chunks: {self.name} runs one model chunk per worker, not {pipe.chunks} "
+                "(interleaved-1f1b runs several)"
+            )
 
     def check_units(self, pipe: Pipeline, units: int) -> None:
         """Raise :class:`ScheduleError` unless a program of ``units`` units can be made."""
@@ -482,13 +509,23 @@ class ForwardOnly(Schedule):
 
 
 GENERATORS: dict[str, Schedule] = {g.name: g for g in (OneFOneB(), OneFOneBFlush(), GPipe(), ForwardOnly())}
-SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")  # what a plan may name; "forward" is the validation pass
+SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")  # PipeDream's; "forward" is the validation pass
+MORE_SCHEDULES = ("interleaved-1f1b", "zb-h1", "2bw")  # the second wave, in shared.schedule_more
+ALL_SCHEDULES = SCHEDULES + MORE_SCHEDULES  # what a plan may name
+
+
+def _register_more() -> None:
+    # shared.schedule_more builds on this module's classes, so it is imported once they exist.
+    from shared.schedule_more import MORE
+
+    GENERATORS.update({g.name: g for g in MORE})
+    assert tuple(g.name for g in MORE) == MORE_SCHEDULES
 
 
 def get_schedule(name: str) -> Schedule:
     """The generator of schedule ``name``; ScheduleError naming the choices otherwise."""
     if name not in GENERATORS:
-        raise ScheduleError(f"schedule: {name!r} is not one of {', '.join(SCHEDULES)}")
+        raise ScheduleError(f"schedule: {name!r} is not one of {', '.join(ALL_SCHEDULES)}")
     return GENERATORS[name]
 
 
@@ -499,15 +536,19 @@ def make_pipeline(
     microbatches: int = 1,
     stage_edges: Sequence[tuple[int, int]] | None = None,
     in_flight: int | None = None,
+    chunks: int = 1,
 ) -> Pipeline:
     """The :class:`Pipeline` of a run of ``schedule``: ``in_flight`` applies to ``1f1b`` only."""
-    get_schedule(schedule)
-    return pipeline(
+    gen = get_schedule(schedule)
+    pipe = pipeline(
         replicas,
         microbatches=microbatches,
         stage_edges=stage_edges,
         in_flight=in_flight if schedule == "1f1b" else None,
+        chunks=chunks,
     )
+    gen.check_pipeline(pipe)
+    return pipe
 
 
 def worker_program(schedule: str | Schedule, pipe: Pipeline, worker: Worker, units: int) -> Iterator[Instr]:
@@ -525,6 +566,7 @@ def build_program(
     microbatches: int = 1,
     stage_edges: Sequence[tuple[int, int]] | None = None,
     in_flight: int | None = None,
+    chunks: int = 1,
 ) -> Program:
     """Every worker's instructions for ``units`` units of ``schedule``, materialised (drawing, simulation).
 
@@ -538,7 +580,12 @@ def build_program(
     """
     gen = get_schedule(schedule)
     pipe = make_pipeline(
-        schedule, replicas, microbatches=microbatches, stage_edges=stage_edges, in_flight=in_flight
+        schedule,
+        replicas,
+        microbatches=microbatches,
+        stage_edges=stage_edges,
+        in_flight=in_flight,
+        chunks=chunks,
     )
     gen.check_units(pipe, units)
     return {w: list(gen.program(pipe, w, 0, units)) for w in pipe.workers()}
@@ -562,3 +609,6 @@ def max_in_flight(program: Program) -> dict[Worker, int]:
 def compute_units(instrs: Iterable[Instr], kind: Kind) -> list[int]:
     """The units of ``kind`` in a worker's list, in order."""
     return [i.unit for i in instrs if i.kind is kind]
+
+
+_register_more()

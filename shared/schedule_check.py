@@ -32,8 +32,10 @@ def validate_program(program: Program, *, trains: bool = True) -> None:
     """Raise :class:`ScheduleError` (one line, with ``.grid``) unless ``program`` can run to the end.
 
     Checks, in order: every peer is a worker of the program and in the right direction;
-    each worker forwards and backwards each of its units exactly once, forward first, and
-    sends a unit's values only after the compute op that makes them;
+    each worker forwards and backwards each of its units exactly once, forward first
+    (per chunk, on interleaved programs), and where it splits a backward (W, zero
+    bubble) every backward has exactly one weight-gradient instruction after it; a
+    worker sends a unit's values only after the compute op that makes them;
     every send has its receive and every receive its send, in the same order between
     the same two workers (messages between two ranks arrive in the order sent); every
     replica of a stage joins the same number of all-reduces; and the whole program runs
@@ -41,8 +43,9 @@ def validate_program(program: Program, *, trains: bool = True) -> None:
     program's length but for the deadlock check's simulation (``shared.simulate``). With
     ``trains`` false (the forward-only validation pass) a forward needs no backward.
     """
+    chunked = any(ins.chunk for instrs in program.values() for ins in instrs)
     for w, instrs in program.items():
-        _check_worker(program, w, instrs, trains)
+        _check_worker(program, w, instrs, trains, chunked)
     _check_messages(program)
     _check_allreduces(program)
     stages = 1 + max((s for s, _ in program), default=0)
@@ -97,57 +100,82 @@ def _fail(program: Program, message: str, worker: Worker, index: int) -> Schedul
     return ScheduleError(message, draw_grid(program, marks=[(worker, index)]), worker, index)
 
 
-def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr], trains: bool) -> None:
+def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr], trains: bool, chunked: bool) -> None:
     name = worker_name(w)
-    forwarded: set[int] = set()
-    backwarded: set[int] = set()
+    forwarded: set[tuple[int, int]] = set()  # (unit, chunk)
+    backwarded: set[tuple[int, int]] = set()
+    weighted: set[tuple[int, int]] = set()
     for i, ins in enumerate(instrs):
+        key = (ins.unit, ins.chunk)
         if ins.kind in SENDS | RECVS:
             if ins.peer is None or ins.peer not in program:
                 raise _fail(program, f"{name} {ins}: its peer is not a worker of the program", w, i)
             later = ins.kind in (Kind.SEND_ACT, Kind.RECV_GRAD)
-            if (ins.peer[0] > w[0]) != later:
+            if chunked:
+                # Virtual stages wrap round the workers (chunk c of stage s is c * S + s): a
+                # message may go to any other stage, never to the worker's own stage.
+                if ins.peer[0] == w[0]:
+                    raise _fail(program, f"{name} {ins}: the peer must be at another stage than {w[0]}", w, i)
+            elif (ins.peer[0] > w[0]) != later:
                 side = "a later" if later else "an earlier"
                 raise _fail(program, f"{name} {ins}: the peer must be at {side} stage than {w[0]}", w, i)
         elif ins.peer is not None:
             raise _fail(program, f"{name} {ins}: {ins.kind.name} takes no peer", w, i)
-        if ins.kind is Kind.SEND_ACT and ins.unit not in forwarded:
+        if ins.kind is Kind.SEND_ACT and key not in forwarded:
             raise _fail(
                 program, f"{name} {ins}: sends unit {ins.unit}'s activations before its forward", w, i
             )
-        if ins.kind is Kind.SEND_GRAD and ins.unit not in backwarded:
+        if ins.kind is Kind.SEND_GRAD and key not in backwarded:
             raise _fail(program, f"{name} {ins}: sends unit {ins.unit}'s gradients before its backward", w, i)
         if ins.kind is Kind.FORWARD:
-            if ins.unit in forwarded:
-                raise _fail(program, f"{name} F{ins.unit}: unit {ins.unit} is forwarded twice", w, i)
-            forwarded.add(ins.unit)
+            if key in forwarded:
+                raise _fail(program, f"{name} {ins}: unit {ins.unit} is forwarded twice", w, i)
+            forwarded.add(key)
         elif ins.kind is Kind.BACKWARD:
-            if ins.unit in backwarded:
-                raise _fail(program, f"{name} B{ins.unit}: unit {ins.unit} is backwarded twice", w, i)
-            if ins.unit not in forwarded:
+            if key in backwarded:
+                raise _fail(program, f"{name} {ins}: unit {ins.unit} is backwarded twice", w, i)
+            if key not in forwarded:
+                raise _fail(program, f"{name} {ins}: backward of unit {ins.unit} before its forward", w, i)
+            backwarded.add(key)
+        elif ins.kind is Kind.WEIGHT:
+            if key in weighted:
                 raise _fail(
-                    program, f"{name} B{ins.unit}: backward of unit {ins.unit} before its forward", w, i
+                    program, f"{name} {ins}: unit {ins.unit}'s weight gradients are taken twice", w, i
                 )
-            backwarded.add(ins.unit)
+            if key not in backwarded:
+                raise _fail(
+                    program, f"{name} {ins}: weight gradients of unit {ins.unit} before its backward", w, i
+                )
+            weighted.add(key)
     if not trains:  # the validation pass: forwards only
         return
-    for u in sorted(forwarded - backwarded):
-        i = next(j for j, ins in enumerate(instrs) if ins.kind is Kind.FORWARD and ins.unit == u)
-        raise _fail(program, f"{name} F{u}: unit {u} is forwarded but never backwarded", w, i)
+    for u, c in sorted(forwarded - backwarded):
+        i = next(
+            j for j, ins in enumerate(instrs) if ins.kind is Kind.FORWARD and (ins.unit, ins.chunk) == (u, c)
+        )
+        raise _fail(program, f"{name} {instrs[i]}: unit {u} is forwarded but never backwarded", w, i)
+    if weighted:  # a worker that splits its backwards splits every one
+        for u, c in sorted(backwarded - weighted):
+            i = next(
+                j
+                for j, ins in enumerate(instrs)
+                if ins.kind is Kind.BACKWARD and (ins.unit, ins.chunk) == (u, c)
+            )
+            raise _fail(program, f"{name} {instrs[i]}: unit {u} has no weight-gradient instruction (W)", w, i)
 
 
 def _check_messages(program: Program) -> None:
-    # channel (kind of message, sender, receiver) -> [(unit, worker, index)] in program order
-    sent: dict[tuple[str, Worker, Worker], list[tuple[int, int]]] = {}
-    received: dict[tuple[str, Worker, Worker], list[tuple[int, int]]] = {}
+    # channel (kind of message, sender, receiver) -> [((unit, chunk), index)] in program order
+    sent: dict[tuple[str, Worker, Worker], list[tuple[tuple[int, int], int]]] = {}
+    received: dict[tuple[str, Worker, Worker], list[tuple[tuple[int, int], int]]] = {}
     for w, instrs in program.items():
         for i, ins in enumerate(instrs):
             if ins.peer is None:
                 continue
             if ins.kind in SENDS:
-                sent.setdefault((ins.kind.value[1], w, ins.peer), []).append((ins.unit, i))
+                sent.setdefault((ins.kind.value[1], w, ins.peer), []).append(((ins.unit, ins.chunk), i))
             elif ins.kind in RECVS:
-                received.setdefault((ins.kind.value[1], ins.peer, w), []).append((ins.unit, i))
+                received.setdefault((ins.kind.value[1], ins.peer, w), []).append(((ins.unit, ins.chunk), i))
     what = {"A": ("SA", "RA", "activations"), "G": ("SG", "RG", "gradients")}
     for chan in sorted(set(sent) | set(received)):
         kind, src, dst = chan
@@ -158,8 +186,8 @@ def _check_messages(program: Program) -> None:
         # Counted once per channel: linear in the messages (list.count per unit was quadratic).
         send_count, recv_count = Counter(send_units), Counter(recv_units)
         for u, i in outs:
-            send_text = f"{worker_name(src)} {send_code}{u}>{_peer_text(dst)}"
-            recv_text = f"{recv_code}{u}<{_peer_text(src)}"
+            send_text = f"{worker_name(src)} {send_code}{_unit_text(u)}>{_peer_text(dst)}"
+            recv_text = f"{recv_code}{_unit_text(u)}<{_peer_text(src)}"
             if send_count[u] > 1:
                 raise _fail(program, f"{send_text}: sent {send_count[u]} times", src, i)
             if recv_count[u] == 0:
@@ -171,8 +199,8 @@ def _check_messages(program: Program) -> None:
             if u not in send_count:
                 raise _fail(
                     program,
-                    f"{worker_name(dst)} {recv_code}{u}<{_peer_text(src)}: no matching "
-                    f"{send_code}{u}>{_peer_text(dst)} on {worker_name(src)}",
+                    f"{worker_name(dst)} {recv_code}{_unit_text(u)}<{_peer_text(src)}: no matching "
+                    f"{send_code}{_unit_text(u)}>{_peer_text(dst)} on {worker_name(src)}",
                     dst,
                     i,
                 )
@@ -180,11 +208,23 @@ def _check_messages(program: Program) -> None:
             j = next(k for k, (a, b) in enumerate(zip(send_units, recv_units, strict=True)) if a != b)
             raise _fail(
                 program,
-                f"{worker_name(src)} sends {noun} to {worker_name(dst)} in the order {send_units} but "
-                f"{worker_name(dst)} receives them in the order {recv_units} (messages arrive in send order)",
+                f"{worker_name(src)} sends {noun} to {worker_name(dst)} in the order "
+                f"{_units_text(send_units)} but {worker_name(dst)} receives them in the order "
+                f"{_units_text(recv_units)} (messages arrive in send order)",
                 dst,
                 gets[j][1],
             )
+
+
+def _unit_text(key: tuple[int, int]) -> str:
+    """A message's unit as instructions write it: ``3``, or ``3.1`` from chunk 1."""
+    return f"{key[0]}.{key[1]}" if key[1] else str(key[0])
+
+
+def _units_text(keys: Sequence[tuple[int, int]]) -> str:
+    if not any(c for _, c in keys):
+        return str([u for u, _ in keys])
+    return "[" + ", ".join(_unit_text(k) for k in keys) + "]"
 
 
 def _peer_text(w: Worker) -> str:

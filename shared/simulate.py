@@ -33,6 +33,11 @@ from shared.schedule import (
 class Costs:
     """Seconds per unit: ``forward[s]``/``backward[s]`` per stage, ``transfer[(a, b)]`` per stage edge.
 
+    ``weight[s]`` is a weight-gradient instruction (W, zero bubble), whose B then costs
+    ``backward[s]`` alone. With ``chunks`` V > 1 the compute costs are per virtual stage:
+    ``forward[c * S + s]`` is chunk c of stage s (S = ``len(forward) // V`` stages), while
+    all-reduce and step stay per stage; with V = 1 every chunk of a stage costs its stage's.
+
     ``transfer[(a, b)]`` is the time one unit's activations take from stage a to stage b,
     and its gradients from b back to a (missing edges cost nothing); ``allreduce[s]`` is
     one all-reduce among stage s's replicas once all have arrived; ``step[s]`` is one
@@ -44,6 +49,8 @@ class Costs:
     transfer: Mapping[tuple[int, int], float] = field(default_factory=dict)
     allreduce: Sequence[float] = ()
     step: Sequence[float] = ()
+    weight: Sequence[float] = ()
+    chunks: int = 1
     # A send keeps its worker busy for the transfer (pdrun posting sends itself, an emulated link).
     blocking_sends: bool = False
 
@@ -57,6 +64,7 @@ class Costs:
         allreduce: float = 0.0,
         step: float = 0.0,
         stage_edges: Sequence[tuple[int, int]] | None = None,
+        weight: float = 1.0,
     ) -> Costs:
         """The same costs at every stage and on every edge (the chain unless ``stage_edges``)."""
         edges = stage_edges if stage_edges is not None else [(s, s + 1) for s in range(stages - 1)]
@@ -66,6 +74,7 @@ class Costs:
             transfer={(a, b): transfer for a, b in edges},
             allreduce=[allreduce] * stages,
             step=[step] * stages,
+            weight=[weight] * stages,
         )
 
     def of(self, instr: Instr, stage: int) -> float:
@@ -73,11 +82,16 @@ class Costs:
         table = {
             Kind.FORWARD: self.forward,
             Kind.BACKWARD: self.backward,
+            Kind.WEIGHT: self.weight,
             Kind.ALLREDUCE: self.allreduce,
             Kind.STEP: self.step,
         }
         costs = table.get(instr.kind)
-        if costs is None or stage >= len(costs):
+        if costs is None:
+            return 0.0
+        if self.chunks > 1 and instr.kind in COMPUTE:
+            stage += instr.chunk * (len(self.forward) // self.chunks)
+        if stage >= len(costs):
             return 0.0
         return float(costs[stage])
 
@@ -112,7 +126,7 @@ class Timeline:
 def run_timeline(program: Program, costs: Costs) -> Timeline:
     """Execute ``program`` against a clock; stops (with ``blocked`` filled) when no worker can move.
 
-    Messages are matched by (kind, sender, receiver, unit); the i-th all-reduce of each
+    Messages are matched by (kind, sender, receiver, unit, chunk); the i-th all-reduce of each
     replica of a stage is one collective.
     """
     replicas: dict[int, int] = {}
@@ -121,8 +135,8 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
     pc = dict.fromkeys(program, 0)
     clock = dict.fromkeys(program, 0.0)
     rounds_done = dict.fromkeys(program, 0)  # all-reduces each worker finished
-    arrived: dict[tuple[str, Worker, Worker, int], float] = {}  # message -> arrival time
-    waiting: dict[tuple[str, Worker, Worker, int], Worker] = {}  # message -> receiver stuck on it
+    arrived: dict[tuple[str, Worker, Worker, int, int], float] = {}  # message -> arrival time
+    waiting: dict[tuple[str, Worker, Worker, int, int], Worker] = {}  # message -> receiver stuck on it
     joined: dict[tuple[int, int], dict[Worker, float]] = {}  # (stage, round) -> worker -> time it came
     ops: list[Op] = []
     ready = deque(sorted(program))
@@ -144,14 +158,14 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
                 end = t + costs.of(ins, w[0])
             elif ins.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
                 assert ins.peer is not None
-                key = (ins.kind.value[1], w, ins.peer, ins.unit)
+                key = (ins.kind.value[1], w, ins.peer, ins.unit, ins.chunk)
                 arrived[key] = t + costs.link(w[0], ins.peer[0])
                 if key in waiting:
                     wake(waiting.pop(key))
                 end = arrived[key] if costs.blocking_sends else t
             elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
                 assert ins.peer is not None
-                key = (ins.kind.value[1], ins.peer, w, ins.unit)
+                key = (ins.kind.value[1], ins.peer, w, ins.unit, ins.chunk)
                 if key not in arrived:
                     waiting[key] = w
                     break
@@ -179,7 +193,7 @@ class Simulation:
     """What a program costs: times in seconds, fractions in [0, 1]."""
 
     makespan: float
-    busy: dict[Worker, float]  # forward, backward and step time
+    busy: dict[Worker, float]  # forward, backward, weight-gradient and step time
     allreduce: dict[Worker, float]  # all-reduce time after every replica arrived
     idle: dict[Worker, float]  # the rest of the makespan
     time_per_unit: float  # steady state: seconds between unit completions, fill and drain left out

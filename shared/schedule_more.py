@@ -1,0 +1,295 @@
+"""The second wave of schedules as generators of the same instructions: interleaved 1F1B, ZB-H1, 2BW.
+
+Each is a :class:`shared.schedule.Schedule` like PipeDream's three, registered under its
+name in ``shared.schedule.GENERATORS``: the validator, the grid drawing, the simulator and
+pdrun's dispatch table see only instructions. What they add to the instruction type is a
+chunk index (a worker's model chunk, a *virtual stage*) and the weight-gradient kind W.
+
+[Note: chunks] With V chunks per worker on S stages, chunk c of stage s is virtual stage
+``v = c * S + s`` (Megatron's round-robin assignment), so a unit goes through the workers
+V times: s0 s1 .. s(S-1) s0 s1 .. A compute op names its chunk (``F3.1``: unit 3, chunk 1).
+A message names the chunk of the op that *sends* it, on both ends: worker S-1's chunk 0
+sends unit 3 to worker 0's chunk 1 as ``SA3>0.0`` and worker 0 receives it as
+``RA3<{S-1}.0``; worker 0's chunk 1 sends on ``SA3.1>1.0``, received as ``RA3.1<0.0``. So
+(kind, sender, receiver, unit, chunk) names one message, as (kind, sender, receiver, unit)
+does without chunks, and every existing text form is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from shared.schedule import (
+    Instr,
+    Kind,
+    Pipeline,
+    Schedule,
+    ScheduleError,
+    Worker,
+    _Flush,
+    _own_units,
+    one_f_one_b_order,
+)
+
+# ---------------------------------------------------------------------------- interleaved 1F1B
+
+
+def virtual_stage(pipe: Pipeline, stage: int, chunk: int) -> int:
+    """Chunk ``chunk`` of ``stage`` in the pipeline of ``chunks * stages`` virtual stages (see [Note: chunks])."""
+    return chunk * pipe.stages + stage
+
+
+def lower_chunked(pipe: Pipeline, stage: int, ops: Iterable[Instr]) -> Iterator[Instr]:
+    """:func:`shared.schedule.lower` over virtual stages: a chunk's neighbours are the adjacent virtual stages.
+
+    Virtual stage v receives activations from v - 1 and sends them to v + 1; gradients go
+    back the other way. A message carries its sender's chunk ([Note: chunks]).
+    """
+    n = pipe.stages
+    last = n * pipe.chunks - 1
+    for ins in ops:
+        u, v = ins.unit, virtual_stage(pipe, stage, ins.chunk)
+        if ins.kind is Kind.FORWARD:
+            if v > 0:
+                yield Instr(Kind.RECV_ACT, u, ((v - 1) % n, 0), (v - 1) // n)
+            yield ins
+            if v < last:
+                yield Instr(Kind.SEND_ACT, u, ((v + 1) % n, 0), ins.chunk)
+        elif ins.kind is Kind.BACKWARD:
+            if v < last:
+                yield Instr(Kind.RECV_GRAD, u, ((v + 1) % n, 0), (v + 1) // n)
+            yield ins
+            if v > 0:
+                yield Instr(Kind.SEND_GRAD, u, ((v - 1) % n, 0), ins.chunk)
+        else:
+            yield ins
+
+
+def interleaved_order(
+    stages: int, chunks: int, microbatches: int, stage: int
+) -> Iterator[tuple[Kind, int, int]]:
+    """One step of interleaved 1F1B for ``stage``: (kind, microbatch within the step, chunk), in order.
+
+    Narayanan et al., SC'21 ("Efficient Large-Scale Language Model Training on GPU Clusters
+    Using Megatron-LM", section 2.2.1): "each device is assigned multiple pipeline stages
+    (model chunks) ... the pipeline flush for each batch happens after the forward and
+    backward passes of all microbatches", and the bubble shrinks to ``(p - 1) / (v m)`` of
+    the ideal time from 1F1B's ``(p - 1) / m``. Microbatches go in groups of S: a worker
+    forwards S microbatches through chunk 0, the same S through chunk 1, .., chunk V-1,
+    then the next group; backwards go the same way from chunk V-1 down. The k-th forward
+    is microbatch ``(k // (S V)) S + k % S`` of chunk ``(k // S) % V``. Warm-up runs
+    ``2 (S - s - 1) + (V - 1) S`` forwards (Megatron-LM's count: the last stage's first
+    backward needs V S forwards to have passed; each earlier stage is two hops further
+    from it), then one forward and one backward in turn, then the remaining backwards.
+    """
+    total = chunks * microbatches
+    group = stages * chunks
+
+    def forward(k: int) -> tuple[int, int]:
+        return (k // group) * stages + k % stages, (k // stages) % chunks
+
+    def backward(k: int) -> tuple[int, int]:
+        return (k // group) * stages + k % stages, chunks - 1 - (k // stages) % chunks
+
+    warmup = min(total, 2 * (stages - stage - 1) + (chunks - 1) * stages)
+    for k in range(warmup):
+        yield (Kind.FORWARD, *forward(k))
+    for k in range(total - warmup):
+        yield (Kind.FORWARD, *forward(k + warmup))
+        yield (Kind.BACKWARD, *backward(k))
+    for k in range(total - warmup, total):
+        yield (Kind.BACKWARD, *backward(k))
+
+
+class InterleavedOneFOneB(_Flush):
+    """``interleaved-1f1b``: V model chunks per worker, flushed every ``microbatches`` units (SC'21).
+
+    Needs one replica per stage, the chain of stages, at least 2 stages and 2 chunks, and
+    microbatches a multiple of the stages (the order goes in groups of S microbatches).
+
+    [Note: interleaved timeline] 2 stages, 2 chunks, 4 microbatches, f = b = 1 slot per
+    chunk (``F3.1`` is microbatch 3 on chunk 1; the virtual stages run s0 s1 s0 s1):
+
+             0  1    2    3    4    5    6    7    8  9   10   11   12   13   14   15 16 17
+      s0.r0 F0 F1 F0.1 F1.1   F2 B0.1   F3 B1.1 F2.1 B0 F3.1   B1    . B2.1    . B3.1 B2 B3
+      s1.r0  . F0   F1 F0.1 B0.1 F1.1 B1.1   F2   B0 F3   B1 F2.1 B2.1 F3.1 B3.1   B2 B3  .
+
+    18 slots for 8 units of work per worker against 1f1b-flush's 10 for 4 units of twice the
+    size (20 at this size): the bubble is ``S - 1`` chunk slots instead of ``S - 1`` stage slots.
+    """
+
+    name = "interleaved-1f1b"
+
+    def check_pipeline(self, pipe: Pipeline) -> None:
+        if pipe.chunks < 2:
+            raise ScheduleError(
+                f"chunks: {self.name} needs at least 2 model chunks per worker, got {pipe.chunks} "
+                "(with one chunk it is 1f1b-flush)"
+            )
+        if pipe.stages < 2:
+            raise ScheduleError(f"stages: {self.name} needs at least 2 stages, got {pipe.stages}")
+        if any(n != 1 for n in pipe.replicas):
+            raise ScheduleError(
+                f"replicas: {self.name} runs one replica per stage, got {list(pipe.replicas)}"
+            )
+        if pipe.edges != tuple((s, s + 1) for s in range(pipe.stages - 1)):
+            raise ScheduleError(f"stage_edges: {self.name} runs a chain of stages, got {list(pipe.edges)}")
+        if pipe.microbatches % pipe.stages:
+            m, n = pipe.microbatches, pipe.stages
+            raise ScheduleError(
+                f"microbatches: {m} is not a multiple of the {n} stages ({self.name} runs microbatches "
+                f"in groups of {n}); use {max(n, m - m % n)}"
+            )
+
+    def fill(self, pipe: Pipeline) -> int:
+        return 2 * pipe.microbatches
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage = worker[0]
+        m = pipe.microbatches
+        for start in range(first, stop, m):
+            for kind, mb, chunk in interleaved_order(pipe.stages, pipe.chunks, m, stage):
+                yield Instr(kind, start + mb, None, chunk)
+            yield Instr(Kind.STEP, start + m - 1)
+
+    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        return lower_chunked(pipe, worker[0], self.compute(pipe, worker, first, stop))
+
+
+# ---------------------------------------------------------------------------- zero bubble
+
+
+def zb_h1_order(units: Sequence[int], warmup: int, lag: int) -> Iterator[tuple[Kind, int]]:
+    """1F1B with each backward split into B (input gradients) and W (weight gradients), W ``lag`` behind.
+
+    Qi et al., ICLR'24 ("Zero Bubble Pipeline Parallelism", section 3.1): B alone is on the
+    critical path, W is not, so "we adjust the starting points of W passes" and the W of
+    late units fills the drain bubble. The forwards and input backwards keep 1F1B's order
+    and warm-up, so a worker holds as many units in flight as in 1F1B (ZB-H1's "peak memory
+    ... the same as 1F1B"); each W waits ``lag`` backwards and the last ``lag`` come after
+    the last B.
+    """
+    pending: list[int] = []
+
+    def backward(u: int) -> Iterator[tuple[Kind, int]]:
+        yield Kind.BACKWARD, u
+        pending.append(u)
+        if len(pending) > lag:
+            yield Kind.WEIGHT, pending.pop(0)
+
+    k = min(warmup, len(units))
+    for i in range(k):
+        yield Kind.FORWARD, units[i]
+    for i in range(len(units) - k):
+        yield from backward(units[i])
+        yield Kind.FORWARD, units[i + k]
+    for i in range(len(units) - k, len(units)):
+        yield from backward(units[i])
+    for u in pending:
+        yield Kind.WEIGHT, u
+
+
+class ZeroBubbleH1(_Flush):
+    """``zb-h1``: 1F1B-flush with the backward split into B and W, W deferred into the drain (ICLR'24).
+
+    Stage s lets its W lag ``s`` backwards behind: a later stage defers weight gradients so
+    that its input gradients reach the earlier stages sooner (the first stage, which nothing
+    waits on, runs each W right after its B), and does the deferred W while the earlier
+    stages drain. At f = b = w the step then takes ``3 m + S - 1`` slots, the paper's
+    bubble of ``(S - 1)(T_F + T_B - T_W)``, against ``3 m + 3 (S - 1)`` for 1F1B-flush.
+
+    [Note: ZB-H1 timeline] 4 stages, 4 microbatches, f = b = w = 1 slot:
+
+             0  1  2  3  4  5  6  7  8  9 10 11 12 13 14
+      s0.r0 F0 F1 F2 F3  .  .  . B0 W0 B1 W1 B2 W2 B3 W3
+      s1.r0  . F0 F1 F2  .  . B0 F3 B1 W0 B2 W1 B3 W2 W3
+      s2.r0  .  . F0 F1  . B0 F2 B1 F3 B2 W0 B3 W1 W2 W3
+      s3.r0  .  .  . F0 B0 F1 B1 F2 B2 F3 B3 W0 W1 W2 W3
+    """
+
+    name = "zb-h1"
+
+    def order(self, pipe: Pipeline, stage: int, units: range) -> Iterator[tuple[Kind, int]]:
+        return zb_h1_order(units, pipe.bounds[stage], zb_h1_lag(pipe, stage))
+
+
+def zb_h1_lag(pipe: Pipeline, stage: int) -> int:
+    """How many backwards stage ``stage``'s W trails by in ZB-H1: ``s`` (see :class:`ZeroBubbleH1`)."""
+    return stage
+
+
+# ---------------------------------------------------------------------------- PipeDream-2BW
+
+
+def two_bw_version(unit: int, microbatches: int) -> int:
+    """The weight version unit ``unit`` runs on in 2BW: ``max(0, t - 1)`` for unit of step ``t``.
+
+    Narayanan et al., ICML'21 ("Memory-Efficient Pipeline-Parallel DNN Training", section
+    3.1): "W(t+1) = W(t) - nu * grad f(W(t-1))": the gradient of step t (its m microbatches)
+    is computed on the version one older than the latest, W(t-1), and applied to the latest,
+    W(t). W(0) is the initial weights, and step 0 runs on them too (W(-1) = W(0)). Every
+    stage runs a unit on the same version, so only two versions are ever alive.
+    """
+    return max(0, unit // microbatches - 1)
+
+
+class TwoBW(Schedule):
+    """``2bw`` (PipeDream-2BW): 1F1B without flushes, a step every ``microbatches`` units, one step late.
+
+    The program is PipeDream's 1F1B order over all of a worker's units, with the step's
+    all-reduce (replicated stages) and optimizer step right after the backward of the
+    worker's last unit of each step; the runtime runs each unit on version
+    :func:`two_bw_version`. That version exists in time, and no third is needed, when a
+    worker's warm-up bound is at most ``microbatches`` (the paper's m >= depth), and each
+    replica gets the same number of the step's units (``microbatches`` a multiple of every
+    stage's replicas).
+    """
+
+    name = "2bw"
+
+    def check_pipeline(self, pipe: Pipeline) -> None:
+        super().check_pipeline(pipe)
+        m, k = pipe.microbatches, max(pipe.bounds)
+        if m < k:
+            raise ScheduleError(
+                f"microbatches: {self.name} accumulates over at least as many microbatches as units in "
+                f"flight ({k}, the paper's m >= pipeline depth), got {m}; use {k}"
+            )
+        for s, n in enumerate(pipe.replicas):
+            if m % n:
+                raise ScheduleError(
+                    f"microbatches: {m} is not a multiple of stage {s}'s {n} replicas ({self.name} gives each "
+                    f"replica the same share of a step); use {m - m % n if m > n else n}"
+                )
+
+    def units_per_step(self, pipe: Pipeline) -> int:
+        return pipe.microbatches
+
+    def fill(self, pipe: Pipeline) -> int:
+        return 2 * max(pipe.microbatches, *(n * k for n, k in zip(pipe.replicas, pipe.bounds, strict=True)))
+
+    def check_units(self, pipe: Pipeline, units: int) -> None:
+        if units < 1:
+            raise ScheduleError(f"units: {units} must be at least 1")
+        m = pipe.microbatches
+        if units % m:
+            raise ScheduleError(
+                f"units: {units} is not a multiple of microbatches={m} "
+                f"({self.name} steps once per {m} units); use {units - units % m or m}"
+            )
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage, replica = worker
+        n = pipe.replicas[stage]
+        m = pipe.microbatches
+        for kind, u in one_f_one_b_order(_own_units(first, stop, n, replica), pipe.bounds[stage]):
+            yield Instr(kind, u)
+            # The worker's last unit of its step: the step's last unit, less the replicas after it.
+            if kind is Kind.BACKWARD and (u - first) % m >= m - n:
+                last = u - (u - first) % m + m - 1
+                if n > 1:
+                    yield Instr(Kind.ALLREDUCE, last)
+                yield Instr(Kind.STEP, last)
+
+
+MORE: tuple[Schedule, ...] = (InterleavedOneFOneB(), ZeroBubbleH1(), TwoBW())
