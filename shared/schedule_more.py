@@ -233,6 +233,15 @@ def two_bw_version(unit: int, microbatches: int) -> int:
     return max(0, unit // microbatches - 1)
 
 
+def two_bw_depth(pipe: Pipeline) -> int:
+    """The most units in flight at any stage (replicas x warm-up bound): 2BW's least ``microbatches``.
+
+    The paper asks m >= the pipeline's depth; on a straight pipeline this is the number of
+    stages, and with replicas a stage of n replicas holds n times its own bound.
+    """
+    return max(n * k for n, k in zip(pipe.replicas, pipe.bounds, strict=True))
+
+
 class TwoBW(Schedule):
     """``2bw`` (PipeDream-2BW): 1F1B without flushes, a step every ``microbatches`` units, one step late.
 
@@ -240,7 +249,7 @@ class TwoBW(Schedule):
     all-reduce (replicated stages) and optimizer step right after the backward of the
     worker's last unit of each step; the runtime runs each unit on version
     :func:`two_bw_version`. That version exists in time, and no third is needed, when a
-    worker's warm-up bound is at most ``microbatches`` (the paper's m >= depth), and each
+    stage has at most ``microbatches`` units in flight (:func:`two_bw_depth`), and each
     replica gets the same number of the step's units (``microbatches`` a multiple of every
     stage's replicas).
     """
@@ -249,7 +258,7 @@ class TwoBW(Schedule):
 
     def check_pipeline(self, pipe: Pipeline) -> None:
         super().check_pipeline(pipe)
-        m, k = pipe.microbatches, max(pipe.bounds)
+        m, k = pipe.microbatches, two_bw_depth(pipe)
         if m < k:
             raise ScheduleError(
                 f"microbatches: {self.name} accumulates over at least as many microbatches as units in "
@@ -266,7 +275,7 @@ class TwoBW(Schedule):
         return pipe.microbatches
 
     def fill(self, pipe: Pipeline) -> int:
-        return 2 * max(pipe.microbatches, *(n * k for n, k in zip(pipe.replicas, pipe.bounds, strict=True)))
+        return 2 * max(pipe.microbatches, two_bw_depth(pipe))
 
     def check_units(self, pipe: Pipeline, units: int) -> None:
         if units < 1:
