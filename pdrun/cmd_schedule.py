@@ -9,7 +9,8 @@ import click
 
 from shared.cli import console
 from shared.schedule import (
-    SCHEDULES,
+    ALL_SCHEDULES,
+    Kind,
     Program,
     build_program,
     program_to_text,
@@ -30,6 +31,7 @@ class ScheduleConfig:
     microbatches: int
     edges: tuple[tuple[int, int], ...] | None
     in_flight: int | None
+    chunks: int = 1
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -54,13 +56,28 @@ def _edges(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
+def _chunks(schedule: str, virtual_stages: int | None) -> int:
+    """Model chunks per worker: ``--virtual-stages`` for interleaved-1f1b (2 unless given), 1 otherwise."""
+    if schedule == "interleaved-1f1b":
+        return 2 if virtual_stages is None else virtual_stages
+    if virtual_stages not in (None, 1):
+        raise click.BadParameter(
+            f"{schedule} runs one model chunk per worker; --virtual-stages is for interleaved-1f1b",
+            param_hint="--virtual-stages",
+        )
+    return 1
+
+
 def _summary(config: ScheduleConfig, program: Program) -> str:
     run = simulate(program, Costs.uniform(len(config.replicas), stage_edges=config.edges))
+    chunks = f", {config.chunks} chunks per worker" if config.chunks > 1 else ""
+    split = any(i.kind is Kind.WEIGHT for instrs in program.values() for i in instrs)
+    unit = "f=b=w=1" if split else "f=b=1"
     per = "a step each" if config.schedule == "1f1b" else f"{config.microbatches} per step"
     peaks = " ".join(f"{worker_name(w)}={n}" for w, n in sorted(run.peak_in_flight.items()))
     return (
-        f"{config.schedule}: {len(config.replicas)} stages, {len(program)} workers, {config.units} units"
-        f" ({per}): {run.makespan:g} slots at f=b=1, {run.time_per_unit:.3g} per unit in steady state,"
+        f"{config.schedule}: {len(config.replicas)} stages, {len(program)} workers{chunks}, {config.units} units"
+        f" ({per}): {run.makespan:g} slots at {unit}, {run.time_per_unit:.3g} per unit in steady state,"
         f" bubble {run.bubble:.1%}, peak in-flight {peaks}"
     )
 
@@ -69,7 +86,7 @@ def _summary(config: ScheduleConfig, program: Program) -> str:
 @click.option(
     "--schedule",
     "schedule_name",
-    type=click.Choice(SCHEDULES),
+    type=click.Choice(ALL_SCHEDULES),
     default="1f1b",
     show_default=True,
     help="The pipeline schedule.",
@@ -98,6 +115,12 @@ def _summary(config: ScheduleConfig, program: Program) -> str:
     help="1f1b: units admitted per input-stage worker (default NOAM).",
 )
 @click.option(
+    "--virtual-stages",
+    type=click.IntRange(min=1),
+    default=None,
+    help="interleaved-1f1b: model chunks per worker (default 2); a cell F3.1 is unit 3 on chunk 1.",
+)
+@click.option(
     "--detail", is_flag=True, help="Draw every instruction (receives, sends, all-reduce, step), not only F/B."
 )
 @click.option(
@@ -114,12 +137,14 @@ def schedule(
     replicas: str | None,
     edges: str | None,
     in_flight: int | None,
+    virtual_stages: int | None,
     detail: bool,
     as_json: bool,
 ) -> None:
     """Draw a schedule's program: rows are workers (s0.r0 = stage 0, replica 0), columns are time slots.
 
     Example: pdrun schedule --schedule 1f1b --stages 4 --microbatches 8
+    (or --schedule interleaved-1f1b --virtual-stages 2, zb-h1, 2bw)
     """
     reps = _ints(replicas, "--replicas") if replicas else (1,) * (stages if stages is not None else 4)
     if stages is not None and stages != len(reps):
@@ -135,6 +160,7 @@ def schedule(
         microbatches=microbatches,
         edges=_edges(edges) if edges else None,
         in_flight=in_flight,
+        chunks=_chunks(schedule_name, virtual_stages),
     )
     program = build_program(
         config.schedule,
@@ -143,6 +169,7 @@ def schedule(
         microbatches=config.microbatches,
         stage_edges=config.edges,
         in_flight=config.in_flight,
+        chunks=config.chunks,
     )
     validate_program(program)
     if as_json:

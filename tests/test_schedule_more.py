@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from pdrun.cli import main
 from shared.errors import UserError
 from shared.schedule import (
     Instr,
@@ -11,13 +13,15 @@ from shared.schedule import (
     Program,
     ScheduleError,
     build_program,
+    get_schedule,
+    make_pipeline,
     max_in_flight,
     parse_instr,
     pipeline,
     program_from_text,
     program_to_text,
 )
-from shared.schedule_check import validate_program
+from shared.schedule_check import validate_program, validate_run
 from shared.schedule_grid import draw_grid
 from shared.schedule_more import two_bw_depth, two_bw_version
 from shared.simulate import Costs, simulate
@@ -255,3 +259,40 @@ def test_chunked_message_mismatch_is_rejected() -> None:
     instrs[i] = Instr(Kind.RECV_ACT, 1, (0, 0))  # the chunk-0 message, received a second time
     with pytest.raises(ScheduleError, match=r"s1\.r0 RA1<0\.0: received twice"):
         validate_program(program)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "replicas", "microbatches", "chunks"),
+    [("interleaved-1f1b", (1, 1, 1), 6, 2), ("zb-h1", (2, 1, 1), 4, 1), ("2bw", (1, 2, 1), 4, 1)],
+)
+def test_window_validation_stands_for_a_long_run(
+    schedule: str, replicas: tuple[int, ...], microbatches: int, chunks: int
+) -> None:
+    gen = get_schedule(schedule)
+    pipe = make_pipeline(schedule, replicas, microbatches=microbatches, chunks=chunks)
+    for units in (microbatches, 7 * microbatches, 10**6 * microbatches):
+        assert gen.window(pipe, units) <= 8 * microbatches * max(replicas)
+    validate_run(gen, pipe, [microbatches, 7 * microbatches, 10**6 * microbatches])
+    whole = {w: list(gen.program(pipe, w, 0, 7 * microbatches)) for w in pipe.workers()}
+    validate_program(whole)
+
+
+def test_cli_draws_the_new_schedules() -> None:
+    args = ["schedule", "--schedule", "interleaved-1f1b", "--stages", "4", "--virtual-stages", "2"]
+    result = CliRunner().invoke(main, [*args, "--microbatches", "8"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.rstrip("\n") == INTERLEAVED_4x2x8
+    assert "4 stages, 4 workers, 2 chunks per worker, 8 units" in result.stderr
+    result = CliRunner().invoke(
+        main, ["schedule", "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.rstrip("\n") == ZB_H1_4x8
+    assert "27 slots at f=b=w=1" in result.stderr
+    result = CliRunner().invoke(
+        main, ["schedule", "--schedule", "2bw", "--stages", "4", "--microbatches", "2"]
+    )
+    assert result.exit_code == 2
+    assert "2bw accumulates over at least as many microbatches as units in flight (4" in result.stderr
+    result = CliRunner().invoke(main, ["schedule", "--schedule", "zb-h1", "--virtual-stages", "2"])
+    assert result.exit_code == 2 and "--virtual-stages is for interleaved-1f1b" in result.stderr
