@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pdplan.build import COST_MODELS, PlanConfig, make_plan
+from pdplan.build import COST_MODELS, PlanConfig
+from pdplan.more_schedules import plan_for
 from pdplan.report import search_text, simulated_text, with_simulation
 from shared.cli import console
 from shared.graph import load_graph
@@ -60,7 +61,15 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     type=click.IntRange(min=1),
     default=None,
     metavar="M",
-    help="Units per optimizer step (default: 1 for 1f1b, the number of stages for flush schedules).",
+    help="Units per optimizer step (default: 1 for 1f1b, the number of stages for flush schedules, "
+    "the units in flight for 2bw).",
+)
+@click.option(
+    "--virtual-stages",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="V",
+    help="interleaved-1f1b: model chunks per worker (default 2); the plan holds V x workers chunks.",
 )
 @click.option(
     "--cost-model",
@@ -104,6 +113,7 @@ def plan(
     straight: bool,
     schedule: str,
     microbatches: int | None,
+    virtual_stages: int | None,
     cost_model: str,
     latency: str | None,
     blocking_sends: str,
@@ -119,6 +129,7 @@ def plan(
     Examples:
       pdplan graph.json --workers 16 --bandwidth 1e9 -o plan.json
       pdplan graph.json --workers 4,2 --bandwidth 1e10,1e9 --memory 16e9
+      pdplan graph.json --workers 4 --bandwidth 1e10 --schedule interleaved-1f1b --virtual-stages 2
       pdprof import-pipedream vgg16.txt | pdplan --workers 16 --bandwidth 1e9 | pdplan show -
     """
     g = load_graph(graph)
@@ -140,7 +151,7 @@ def plan(
         latencies=None if latency is None else tuple(float(s) for s in _numbers(latency, "--latency", float)),
         blocking_sends=blocks,
     )
-    p = with_simulation(make_plan(g, config), g)
+    p = with_simulation(plan_for(g, config, virtual_stages), g)
     write_output(plan_json(p), out)
     pred = p.predicted
     assert pred is not None

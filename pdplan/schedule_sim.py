@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdplan.costs import span_bandwidth
 from shared.graph import LayerGraph
@@ -148,15 +148,57 @@ def _units(plan: Plan) -> int:
 
 def simulate_plan(graph: LayerGraph, plan: Plan) -> ScheduleFigures:
     """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster)."""
-    costs, stage_edges = stage_costs(graph, plan)
+    costs, stage_edges = schedule_costs(graph, plan)
     units = _units(plan)
+    workers = len(plan.stages) // plan.virtual_stages
     program = build_program(
         plan.schedule,
-        [s.replicas for s in plan.stages],
+        [s.replicas for s in plan.stages[:workers]],
         units,
         microbatches=plan.microbatches,
         stage_edges=stage_edges,
         in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+        chunks=plan.virtual_stages,
     )
     run = simulate(program, costs)
     return ScheduleFigures(time_per_minibatch_s=run.time_per_unit, bubble=run.bubble, units=units)
+
+
+def schedule_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, int]] | None]:
+    """:func:`stage_costs` as the plan's schedule runs them: per chunk (interleaved), or B split from W (zb-h1)."""
+    costs, edges = stage_costs(graph, plan)
+    if plan.virtual_stages > 1:
+        return chunked_costs(costs, plan.virtual_stages), None  # the chain of chunks
+    if plan.schedule == "zb-h1":
+        return split_backward(costs), edges
+    return costs, edges
+
+
+def chunked_costs(costs: Costs, chunks: int) -> Costs:
+    """Per-chunk costs of V x S virtual stages on S workers: chunk c of worker w is virtual stage c S + w.
+
+    Forward and backward stay per virtual stage (``Costs.chunks``); a worker steps all its
+    chunks at once, so its step costs their sum; a transfer between two workers costs the
+    most that any boundary of chunks between them carries (they differ by boundary, and the
+    simulator keys a link by the pair of workers).
+    """
+    n = len(costs.forward) // chunks
+    step = [
+        sum(costs.step[c * n + w] for c in range(chunks) if c * n + w < len(costs.step)) for w in range(n)
+    ]
+    transfer: dict[tuple[int, int], float] = {}
+    for (a, b), t in costs.transfer.items():
+        key = (min(a % n, b % n), max(a % n, b % n))
+        transfer[key] = max(transfer.get(key, 0.0), t)
+    return replace(costs, transfer=transfer, allreduce=[0.0] * n, step=step, chunks=chunks)
+
+
+def split_backward(costs: Costs) -> Costs:
+    """Half of each backward as B (input gradients), half as W (weight gradients): zero bubble's split.
+
+    The profile times a layer's backward whole; Qi et al. (ICLR'24, section 2) take the
+    input-gradient and weight-gradient passes as about equal (T_B = T_W) for transformer
+    layers, and so does this simulation until pdprof times the two apart.
+    """
+    half = [b / 2 for b in costs.backward]
+    return replace(costs, backward=half, weight=half)

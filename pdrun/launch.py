@@ -35,6 +35,7 @@ from pdrun.tied import check_ties, find_ties
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
+from shared.schedule import SCHEDULES as RUNS
 from shared.schedule_check import validate_run
 from shared.tracer import trace
 
@@ -49,9 +50,19 @@ class Nodes:
     nproc_per_node: int | None = None
 
 
+def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
+    """UserError for a schedule that pdplan plans and ``pdrun schedule`` draws but this runtime does not run yet."""
+    if plan.schedule not in RUNS:
+        raise UserError(
+            f"{source}: schedule: pdrun does not run {plan.schedule} yet (it runs {', '.join(RUNS)}); "
+            f"`pdrun schedule --schedule {plan.schedule}` draws it, pdplan predicts it; use --schedule 1f1b-flush"
+        )
+
+
 def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> None:
     """Everything that can be checked before a worker starts: model, trace, partition, ranks, schedule."""
     plan = effective_plan(plan, cfg)
+    check_schedule_runs(plan, source)
     check_ranks(plan, world_size, source)
     if plan.spec.model is None:
         raise UserError(f"{source}: spec.model: the plan names no model; make it with pdprof --model SPEC")

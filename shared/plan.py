@@ -22,8 +22,8 @@ from shared.graph import LayerGraph
 from shared.spec import RunSpec, artifact_folder
 from shared.version import FORMAT_PLAN
 
-Schedule = Literal["1f1b", "1f1b-flush", "gpipe"]
-SCHEDULES: tuple[str, ...] = ("1f1b", "1f1b-flush", "gpipe")
+Schedule = Literal["1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw"]
+SCHEDULES: tuple[str, ...] = ("1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw")
 
 
 class Level(Strict):
@@ -125,6 +125,12 @@ class Plan(Strict):
     microbatches: int = Field(default=1, ge=1, description="units per optimizer step (flush schedules)")
     in_flight: int = Field(default=1, ge=1, description="units admitted before the first backward (NOAM)")
     vertical_sync: bool = False
+    virtual_stages: int = Field(
+        default=1,
+        ge=1,
+        description="model chunks per worker (interleaved-1f1b): the stages are then the V x S chunks in "
+        "pipeline order, chunk c of worker stage w being stages[c * S + w], on that stage's ranks",
+    )
     world_size: int = Field(ge=1)
     cluster: Cluster | None = None
     stages: list[Stage] = Field(min_length=1)
@@ -151,7 +157,7 @@ class Plan(Strict):
                         f"stages[{s}].ranks: rank {rank} of stage {s} ({layer_span(stage.layers)}) is outside "
                         f"0..{self.world_size - 1} (world_size={self.world_size})"
                     )
-                if rank in rank_owner:
+                if rank in rank_owner and not self._chunks_of_one_worker(rank_owner[rank], s):
                     raise ValueError(
                         f"stages[{s}].ranks: rank {rank} of stage {s} ({layer_span(stage.layers)}) "
                         f"also runs stage {rank_owner[rank]}; a rank runs one stage"
@@ -166,6 +172,30 @@ class Plan(Strict):
                 f"no stage runs rank(s) {missing}{more}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_chunks(self) -> Plan:
+        v, n = self.virtual_stages, len(self.stages)
+        if v == 1:
+            return self
+        if n % v:
+            raise ValueError(
+                f"virtual_stages: {n} stages are not {v} chunks of each worker stage; "
+                f"give a multiple of {v} stages (chunk c of worker w is stages[c * S + w])"
+            )
+        per = n // v
+        for s, stage in enumerate(self.stages):
+            if stage.ranks != self.stages[s % per].ranks:
+                raise ValueError(
+                    f"stages[{s}].ranks: chunk {s // per} of worker stage {s % per} runs on "
+                    f"{_short_list(stage.ranks)}, not on that worker's ranks {_short_list(self.stages[s % per].ranks)}"
+                )
+        return self
+
+    def _chunks_of_one_worker(self, a: int, b: int) -> bool:
+        """Whether stages a and b are chunks of one worker (interleaved plans): a rank runs both."""
+        per = len(self.stages) // self.virtual_stages
+        return self.virtual_stages > 1 and len(self.stages) % self.virtual_stages == 0 and a % per == b % per
 
     def stage_of(self) -> dict[str, int]:
         """Layer name -> stage index."""

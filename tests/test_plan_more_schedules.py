@@ -1,0 +1,120 @@
+"""pdplan plans interleaved-1f1b (V x S chunks), zb-h1 and 2bw, and its simulation predicts each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pdplan.build import PlanConfig
+from pdplan.cli import main
+from pdplan.more_schedules import plan_for
+from pdplan.schedule_sim import simulate_plan
+from pdrun.launch import check_schedule_runs
+from shared.errors import UserError
+from shared.graph import LayerGraph, save_graph
+from shared.plan import Plan, load_plan, plan_schema
+from tests.test_plan_schedule_sim import BWD, FWD, chain
+
+
+def _graph(layers: int = 8) -> LayerGraph:
+    g = chain(layers, extras=False)  # every layer forward 1 ms, backward 2 ms
+    return g.model_copy(update={"nodes": [n.model_copy(update={"update_ms": 0.0}) for n in g.nodes]})
+
+
+def _plan(schedule: str, microbatches: int | None = 8, virtual: int | None = None, workers: int = 4) -> Plan:
+    config = PlanConfig(
+        workers=(workers,),
+        bandwidths=(1e12,),  # transfers cost nothing
+        straight=True,
+        schedule=schedule,  # type: ignore[arg-type]
+        microbatches=microbatches,
+    )
+    return plan_for(_graph(), config, virtual)
+
+
+def test_interleaved_plan_holds_round_robin_chunks_of_consecutive_layers() -> None:
+    p = _plan("interleaved-1f1b", virtual=2)
+    assert p.virtual_stages == 2 and p.world_size == 4 and len(p.stages) == 8
+    assert [s.ranks for s in p.stages] == [[0], [1], [2], [3], [0], [1], [2], [3]]
+    layers = [layer for s in p.stages for layer in s.layers]
+    assert layers == ["x", *(f"l{i}" for i in range(8))]  # consecutive ranges, in order
+    assert Plan.model_validate_json(p.model_dump_json()) == p
+
+
+def test_the_simulation_predicts_each_schedule() -> None:
+    # Per step of m = 8 on 4 workers of 2 layers (f = 2, b = 4 ms a stage): 1F1B-flush takes
+    # (m + S - 1)(f + b) = 66 ms; interleaved's chunks (f = 1, b = 2) leave (S - 1) chunk slots,
+    # 8 x 2 x 3 + 3 x 3 = 57 ms; ZB-H1 with B = W = b / 2: 3 m x 2 + (S - 1)(f + b/2 - b/2) = 54 ms;
+    # 2BW has no flush: 6 ms per unit in steady state.
+    per_unit = {
+        name: simulate_plan(_graph(), p).time_per_minibatch_s * 1000
+        for name, p in {
+            "1f1b-flush": _plan("1f1b-flush"),
+            "interleaved-1f1b": _plan("interleaved-1f1b", virtual=2),
+            "zb-h1": _plan("zb-h1"),
+            "2bw": _plan("2bw", None),
+        }.items()
+    }
+    stage = 2 * (FWD + BWD)
+    assert per_unit["1f1b-flush"] == pytest.approx((8 + 3) * stage / 8, rel=1e-3)
+    assert per_unit["interleaved-1f1b"] == pytest.approx((8 * stage + 3 * stage / 2) / 8, rel=1e-3)
+    assert per_unit["zb-h1"] == pytest.approx((8 * stage + 3 * 2 * FWD) / 8, rel=1e-3)
+    assert per_unit["2bw"] == pytest.approx(stage, rel=1e-3)
+
+
+def test_2bw_steps_over_the_units_in_flight_by_default() -> None:
+    assert _plan("2bw", None).microbatches == 4  # a straight pipeline of 4: m = depth = 4
+    with pytest.raises(UserError, match=r"got 2; use 4"):
+        _plan("2bw", 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--schedule", "interleaved-1f1b", "--microbatches", "6"], "not a multiple of the 4 stages"),
+        (["--schedule", "interleaved-1f1b", "--virtual-stages", "1"], "at least 2 chunks per worker"),
+        (["--schedule", "zb-h1", "--virtual-stages", "2"], "zb-h1 runs one model chunk per worker"),
+        (["--schedule", "interleaved-1f1b", "--memory", "1e9"], "not modelled for interleaved-1f1b"),
+    ],
+)
+def test_bad_options_are_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    path = tmp_path / "g.json"
+    save_graph(_graph(), path)
+    result = CliRunner().invoke(main, [str(path), "--workers", "4", "--bandwidth", "1e12", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_writes_an_interleaved_plan_with_its_prediction(tmp_path: Path) -> None:
+    path, out = tmp_path / "g.json", tmp_path / "plan.json"
+    save_graph(_graph(), path)
+    args = [str(path), "--workers", "4", "--bandwidth", "1e12", "--schedule", "interleaved-1f1b"]
+    result = CliRunner().invoke(main, [*args, "--virtual-stages", "2", "--microbatches", "8", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    p = load_plan(out)
+    assert p.schedule == "interleaved-1f1b" and p.virtual_stages == 2 and p.predicted is not None
+    assert p.predicted.simulated_time_per_minibatch_s is not None and p.predicted.simulated_bubble is not None
+    assert "virtual_stages" in json.loads(plan_schema())["properties"]
+
+
+def test_old_plans_load_and_hand_edits_are_checked(tmp_path: Path) -> None:
+    data = json.loads(_plan("1f1b-flush").model_dump_json())
+    del data["virtual_stages"]  # a plan written before the field
+    assert Plan.model_validate(data).virtual_stages == 1
+    data = json.loads(_plan("interleaved-1f1b", virtual=2).model_dump_json())
+    data["stages"][5]["ranks"] = [2]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"stages\[5\]\.ranks: rank 2 of stage 5") as info:
+        load_plan(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-h1", "2bw"])
+def test_pdrun_says_it_does_not_run_them_yet(schedule: str) -> None:
+    p = _plan(schedule, None if schedule == "2bw" else 8, 2 if schedule == "interleaved-1f1b" else None)
+    with pytest.raises(UserError, match=f"pdrun does not run {schedule} yet"):
+        check_schedule_runs(p)
