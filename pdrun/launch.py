@@ -35,7 +35,7 @@ from pdrun.tied import check_ties, find_ties
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.schedule import SCHEDULES as RUNS
+from shared.schedule import SCHEDULES
 from shared.schedule_check import validate_run
 from shared.tracer import trace
 
@@ -48,6 +48,10 @@ class Nodes:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     nproc_per_node: int | None = None
+
+
+# The schedules this runtime runs; pdplan plans and pdrun schedule draws more.
+RUNS = (*SCHEDULES, "2bw", "zb-h1")
 
 
 def check_schedule_runs(plan: Plan, source: str = "plan") -> None:

@@ -36,7 +36,7 @@ from pdrun.shm import ShmLinks, host_supports, remove_run_links, run_job
 from pdrun.stage import build_stage, sample_run
 from pdrun.tied import find_ties, tied_gradients
 from pdrun.values import ValueSpec, spec_of, with_channels_last
-from pdrun.weights import WeightVersions
+from pdrun.weights import TwoWeightVersions, WeightVersions
 from pdrun.worker import Peers, Worker
 from shared.errors import PDError, RunError, UserError
 from shared.host import send_thread_pays
@@ -350,7 +350,11 @@ def _train(
     wire = device if dist.get_backend() == "nccl" else torch.device("cpu")  # where messages travel from
     tied = tied_gradients(plan, ties, s, stage.module, wire)  # after the replicas' groups, on every rank
     stash = plan.schedule == "1f1b" and cfg.stash and needs_stash(plan, part, s)
-    versions = WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
+    versions = (
+        TwoWeightVersions(stage.module, plan.microbatches)
+        if plan.schedule == "2bw"
+        else WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
+    )
     params = list(versions.live.values())
     optimizer: torch.optim.Optimizer | None
     if not params:
@@ -394,6 +398,7 @@ def _train(
         recompute=plan.schedule == "1f1b" and not cfg.stash,
         trace=cfg.trace is not None,
         channels_last=channels_last,
+        split_backward=plan.schedule == "zb-h1",
     )
     base = 0
     resumed: int | None = None

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from shared.errors import RunError
+from shared.schedule_more import two_bw_version
 
 Params = dict[str, torch.Tensor]
 
@@ -123,6 +124,38 @@ class WeightVersions:
 
     def held(self) -> int:
         return len(self.versions)
+
+    def pinned(self, unit: int) -> int | None:
+        """The version the schedule itself fixes for global ``unit`` (2BW), or None: the latest."""
+        return None
+
+
+class TwoWeightVersions(WeightVersions):
+    """PipeDream-2BW's double-buffered weights: unit u of step t runs on version ``max(0, t - 1)``.
+
+    Narayanan et al. (ICML'21, section 3.1): "W(t+1) = W(t) - nu * grad f(W(t-1))". A step's
+    gradients are taken on the version one older than the latest (``two_bw_version``) and,
+    accumulated on the live parameters by :meth:`release`, update the latest. Before each step
+    the latest is kept (the next step's units will run on it) and after it every older version
+    no unit holds is dropped: two versions at most, the latest and the one before, never
+    PipeDream's one per unit in flight. A run resumed from a checkpoint (which holds the latest
+    weights only) starts as training does, its first step's units on the weights it resumed from.
+    """
+
+    def __init__(self, module: nn.Module, microbatches: int) -> None:
+        super().__init__(module, stash=True, history=True)
+        self.microbatches = microbatches
+        self.start: int | None = None  # the version this process started from (0, or a resumed step)
+
+    def pinned(self, unit: int) -> int:
+        if self.start is None:
+            self.start = self.latest
+        return max(self.start, two_bw_version(unit, self.microbatches))
+
+    def stepped(self) -> None:
+        # Units not forwarded yet belong to later steps: none will name a version before the new latest's parent.
+        self.floor = self.latest
+        super().stepped()
 
 
 def fingerprint(params: Params) -> float:

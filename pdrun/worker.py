@@ -27,6 +27,7 @@ from pdrun.stage import StageModule
 from pdrun.tied import TiedGradients
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
+from pdrun.zero_bubble import SplitBackward
 from shared.layout import inputs_to_channels_last
 from shared.schedule import ForwardOnly, Instr, Kind, Pipeline, worker_program
 
@@ -58,7 +59,7 @@ class UnitState:
 # The run metrics' split of a step by instruction kind (compute_s, comm_s and idle_s are their sums).
 PARTS: dict[str, tuple[Kind, ...]] = {
     "forward_s": (Kind.FORWARD,),  # with reading the unit's batch and the loss
-    "backward_s": (Kind.BACKWARD,),
+    "backward_s": (Kind.BACKWARD, Kind.WEIGHT),  # W: a split backward's weight gradients (zb-h1)
     "optimizer_s": (Kind.STEP,),
     "send_s": (Kind.SEND_ACT, Kind.SEND_GRAD),  # posting sends (gloo copies into the socket here)
     "allreduce_s": (Kind.ALLREDUCE,),
@@ -122,6 +123,7 @@ class Worker:
         lr_at: Callable[[int], float] | None = None,
         trace: bool = False,
         channels_last: bool = False,
+        split_backward: bool = False,
     ) -> None:
         self.rank = rank
         self.stage = stage
@@ -184,6 +186,10 @@ class Worker:
             Kind.ALLREDUCE: self.allreduce,
             Kind.STEP: self.step,
         }
+        if split_backward:  # zero bubble: B takes the input gradients, W the weight gradients
+            self.split = SplitBackward(self)
+            self.DISPATCH[Kind.BACKWARD] = self.split.backward_input
+            self.DISPATCH[Kind.WEIGHT] = self.split.backward_weight
 
     # ------------------------------------------------------------------ running a program
 
@@ -225,7 +231,7 @@ class Worker:
                 torch.cuda.synchronize(self.device)  # kernels are asynchronous: time them where they run
             dt = time.perf_counter() - t0
             self.stats.by_kind[ins.kind] = self.stats.by_kind.get(ins.kind, 0.0) + dt
-            if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.STEP):
+            if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT, Kind.STEP):
                 self.stats.compute_s += dt
             elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
                 self.stats.idle_s += dt
@@ -254,7 +260,11 @@ class Worker:
             self.fault.at_unit(self.rank, self.base + u)
         received = self.inbox.pop(u, {})
         sent_version = self.inbox_version.pop(u, None)  # the input stage's version, carried along
-        wanted = sent_version if self.vertical_sync and not self.part.reads_input(self.s) else None
+        wanted = (
+            sent_version
+            if self.vertical_sync and not self.part.reads_input(self.s)
+            else self.versions.pinned(self.base + u)
+        )
         version, params = self.versions.acquire(wanted)
         batch_inputs, target = self._batch(u)
         state = UnitState(version, params, batch_inputs, received, target=target)

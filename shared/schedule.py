@@ -514,14 +514,6 @@ MORE_SCHEDULES = ("interleaved-1f1b", "zb-h1", "2bw")  # the second wave, in sha
 ALL_SCHEDULES = SCHEDULES + MORE_SCHEDULES  # what a plan may name
 
 
-def _register_more() -> None:
-    # shared.schedule_more builds on this module's classes, so it is imported once they exist.
-    from shared.schedule_more import MORE
-
-    GENERATORS.update({g.name: g for g in MORE})
-    assert tuple(g.name for g in MORE) == MORE_SCHEDULES
-
-
 def get_schedule(name: str) -> Schedule:
     """The generator of schedule ``name``; ScheduleError naming the choices otherwise."""
     if name not in GENERATORS:
@@ -611,4 +603,5 @@ def compute_units(instrs: Iterable[Instr], kind: Kind) -> list[int]:
     return [i.unit for i in instrs if i.kind is kind]
 
 
-_register_more()
+# The second wave builds on this module's classes and adds itself to GENERATORS: imported last.
+import shared.schedule_more  # noqa: E402, F401

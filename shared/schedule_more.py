@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 from shared.schedule import (
+    GENERATORS,
+    MORE_SCHEDULES,
     Instr,
     Kind,
     Pipeline,
@@ -302,3 +304,5 @@ class TwoBW(Schedule):
 
 
 MORE: tuple[Schedule, ...] = (InterleavedOneFOneB(), ZeroBubbleH1(), TwoBW())
+assert tuple(g.name for g in MORE) == MORE_SCHEDULES
+GENERATORS.update({g.name: g for g in MORE})
