@@ -28,6 +28,7 @@ from pdrun.config import RunConfig
 from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
+from pdrun.interleaved import check_chunked
 from pdrun.partition import check_ranks, partition
 from pdrun.runner import WorkerResult, chunk_lengths, effective_plan, pipeline_of, segments, worker_entry
 from pdrun.shm import remove_run_links
@@ -51,7 +52,7 @@ class Nodes:
 
 
 # The schedules this runtime runs; pdplan plans and pdrun schedule draws more.
-RUNS = (*SCHEDULES, "2bw", "zb-h1")
+RUNS = (*SCHEDULES, "2bw", "zb-h1", "interleaved-1f1b")
 
 
 def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
@@ -67,6 +68,7 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     """Everything that can be checked before a worker starts: model, trace, partition, ranks, schedule."""
     plan = effective_plan(plan, cfg)
     check_schedule_runs(plan, source)
+    check_chunked(plan, cfg, source)
     check_ranks(plan, world_size, source)
     if plan.spec.model is None:
         raise UserError(f"{source}: spec.model: the plan names no model; make it with pdprof --model SPEC")

@@ -30,6 +30,7 @@ from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
 from pdrun.faults import Fault
+from pdrun.interleaved import chunk_chain, train_interleaved
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
 from pdrun.shm import ShmLinks, host_supports, remove_run_links, run_job
@@ -150,12 +151,15 @@ def chunk_lengths(segs: Segments, cfg: RunConfig, base: int = 0) -> set[int]:
 
 def pipeline_of(plan: Plan, part: Partition) -> Pipeline:
     """The few integers the plan's schedule generator is computed from."""
+    workers = len(plan.stages) // plan.virtual_stages  # interleaved: the stages are the chunks
+    chunk_chain(plan, sorted(part.edges()))
     return make_pipeline(
         plan.schedule,
-        [s.replicas for s in plan.stages],
+        [s.replicas for s in plan.stages[:workers]],
         microbatches=plan.microbatches,
-        stage_edges=sorted(part.edges()),
+        stage_edges=sorted(part.edges()) if plan.virtual_stages == 1 else None,
         in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+        chunks=plan.virtual_stages,
     )
 
 
@@ -199,7 +203,8 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
         raise failure from exc
     links = shm_links(env, cfg, device)
     try:
-        out = _train(env, plan, cfg, stage_index, replica, device, dtype, t_start, links)
+        run = train_interleaved if plan.virtual_stages > 1 else _train  # several chunks per rank
+        out = run(env, plan, cfg, stage_index, replica, device, dtype, t_start, links)
         dist.barrier()  # leave together: no rank tears its connections down while a peer still uses them
         return out
     except dist.DistStoreError as exc:

@@ -113,9 +113,6 @@ def test_old_plans_load_and_hand_edits_are_checked(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_pdrun_says_it_does_not_run_interleaved_yet() -> None:
-    p = _plan("interleaved-1f1b", 8, 2)
-    with pytest.raises(UserError, match="pdrun does not run interleaved-1f1b yet"):
-        check_schedule_runs(p)
-    check_schedule_runs(_plan("zb-h1"))  # these two it runs
-    check_schedule_runs(_plan("2bw", None))
+def test_pdrun_runs_each_of_them() -> None:
+    for p in (_plan("interleaved-1f1b", 8, 2), _plan("zb-h1"), _plan("2bw", None)):
+        check_schedule_runs(p)  # no refusal: pdrun runs them (tests/test_run_interleaved.py, _zb.py, _2bw.py)

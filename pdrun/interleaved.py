@@ -1,0 +1,244 @@
+"""Interleaved 1F1B in the runtime: a rank holds V stage modules (its chunks) and runs its stream by chunk.
+
+Narayanan et al. (SC'21, section 2.2): chunk c of worker w is virtual stage ``c * S + w``
+of a pipeline of V x S stages (the plan lists them in that order, ``virtual_stages`` = V).
+Each chunk is an ordinary :class:`pdrun.worker.Worker` of its virtual stage: its own
+module, optimizer and partition of the values, its peers named by virtual stage. The rank's
+one instruction stream (``shared.schedule_more.InterleavedOneFOneB``) names physical peers
+and the sender's chunk ([Note: chunks]); :func:`virtual_instr` turns each instruction into
+what its chunk's worker expects, and all chunks share the rank's one transport, so the
+messages between two ranks keep the order the validator checked. A step steps every chunk.
+
+Not yet: checkpoints, resuming, and the validation pass (a chunked forward-only order);
+``check_chunked`` refuses the first two before training and the run says it skips the third.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from pdrun.comm import Comm
+from pdrun.config import RunConfig
+from pdrun.data import Units, datasets, to_device
+from pdrun.env import DistEnv
+from pdrun.partition import partition
+from pdrun.stage import build_stage
+from pdrun.values import with_channels_last
+from pdrun.weights import WeightVersions
+from pdrun.worker import Peers, StepStats, Worker
+from shared.errors import UserError
+from shared.host import send_thread_pays
+from shared.layout import module_to_channels_last, use_channels_last
+from shared.plan import Plan
+from shared.resolve import resolve_loss, resolve_model
+from shared.schedule import GENERATORS, RECVS, SENDS, Instr, Kind, worker_program
+from shared.tracer import trace
+
+ALL_CHUNKS = -1
+
+
+class _UnitRelease:
+    """The rank's transport as each chunk sees it: a unit's received values are freed after its last chunk.
+
+    ``Comm.release(unit)`` frees every shared-memory slot a unit's received values occupy
+    (``pdrun/shm.py``), and every chunk's backward calls it; the earlier chunks' backwards of
+    that unit come later and still read theirs, so only the V-th release frees them.
+    """
+
+    def __init__(self, comm: Comm, chunks: int) -> None:
+        self.comm = comm
+        self.chunks = chunks
+        self.released: Counter[int] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+    def release(self, unit: int) -> None:
+        self.released[unit] += 1
+        if self.released[unit] == self.chunks:
+            del self.released[unit]
+            self.comm.release(unit)
+
+
+def check_chunked(plan: Plan, cfg: RunConfig, source: str = "plan") -> None:
+    """UserError for what an interleaved run does not do yet, before any worker starts."""
+    if plan.virtual_stages == 1:
+        return
+    if cfg.checkpoint_dir or cfg.resume:
+        raise UserError(
+            f"{source}: virtual_stages: an interleaved-1f1b run does not checkpoint or resume yet; "
+            "drop --checkpoint-dir/--resume"
+        )
+
+
+def chunk_chain(plan: Plan, edges: list[tuple[int, int]], source: str = "plan") -> None:
+    """UserError unless every value goes from one chunk to the next (the interleaved lowering's chain)."""
+    skips = [(a, b) for a, b in edges if b != a + 1]
+    if plan.virtual_stages > 1 and skips:
+        raise UserError(
+            f"{source}: stages: interleaved-1f1b sends values only to the next chunk, but stage {skips[0][0]} "
+            f"sends to stage {skips[0][1]} {skips[0]}; cut where only the chunk's output crosses"
+        )
+
+
+def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
+    """(the local chunk that runs ``ins``, or ALL_CHUNKS; ``ins`` as that chunk's virtual-stage worker sees it).
+
+    A compute op runs on its chunk. A send goes from the sender's chunk (its label) to the
+    next (activations) or previous (gradients) virtual stage; a receive is labelled with the
+    sender's chunk, so its own chunk is the virtual stage after (before) the sender's.
+    """
+    n = stages
+    if ins.kind in SENDS:
+        v = ins.chunk * n + stage
+        return ins.chunk, Instr(ins.kind, ins.unit, (v + 1 if ins.kind is Kind.SEND_ACT else v - 1, 0))
+    if ins.kind in RECVS:
+        assert ins.peer is not None
+        sender = ins.chunk * n + ins.peer[0]
+        v = sender + 1 if ins.kind is Kind.RECV_ACT else sender - 1
+        return v // n, Instr(ins.kind, ins.unit, (sender, 0))
+    if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT):
+        return ins.chunk, Instr(ins.kind, ins.unit)
+    return ALL_CHUNKS, ins
+
+
+def run_chunks(chunks: list[Worker], comm: Comm, instrs: Any, stage: int, stages: int, base: int) -> None:
+    """Run one program's stream, each instruction on its chunk's worker (receives posted as they come)."""
+    for w in chunks:
+        w.base = base
+        w.stats = StepStats(time.perf_counter())
+    for i, ins in enumerate(instrs):
+        c, vins = virtual_instr(ins, stage, stages)
+        for w in chunks if c == ALL_CHUNKS else [chunks[c]]:
+            w.at = i
+            t0 = time.perf_counter()
+            if vins.kind in RECVS:
+                w.posted[i] = w._post(vins)
+            w.DISPATCH[vins.kind](vins)
+            dt = time.perf_counter() - t0
+            w.stats.by_kind[vins.kind] = w.stats.by_kind.get(vins.kind, 0.0) + dt
+            if vins.kind in RECVS:
+                w.stats.idle_s += dt
+            elif vins.kind in SENDS:
+                w.stats.comm_s += dt
+            else:
+                w.stats.compute_s += dt
+    comm.drain()
+
+
+def train_interleaved(
+    env: DistEnv,
+    plan: Plan,
+    cfg: RunConfig,
+    s: int,
+    replica: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    t_start: float,
+    links: Any = None,
+) -> Any:
+    """``pdrun.runner._train`` for an interleaved plan: this rank's V chunk workers; every result on rank 0."""
+    # The run's shape lives in the runner, which imports this module.
+    from pdrun.runner import WorkerResult, pipeline_of, segments, value_specs
+
+    if cfg.validate and env.rank == 0:
+        print("pdrun: interleaved-1f1b runs no validation pass yet; it is skipped", flush=True)
+
+    spec = plan.spec
+    assert spec.model is not None
+    n = len(plan.stages) // plan.virtual_stages
+    torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
+    model = resolve_model(spec.model, spec.model_args).to(dtype)
+    traced = trace(model, spec.trace)
+    part = partition(traced, plan)
+    train_set, _ = datasets(spec)
+    units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {spec.data}")
+    sample = to_device(units.batch(0)[0], torch.device("cpu"), dtype)
+    specs = value_specs(plan, cfg, part, traced, tuple(sample))
+    channels_last = use_channels_last(cfg.memory_format, model, device, dtype)
+    if channels_last:
+        specs = {k: with_channels_last(v) for k, v in specs.items()}
+    wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    comm = Comm(
+        env.rank,
+        device,
+        cfg.timeout_s,
+        wire,
+        send_thread=cfg.send_thread == "on"
+        or (cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)),
+        shm=links,
+    )
+    peers = Peers(tuple(tuple(st.ranks) for st in plan.stages))
+    shared = cast(Comm, _UnitRelease(comm, plan.virtual_stages))
+    chunks: list[Worker] = []
+    for c in range(plan.virtual_stages):
+        stage = build_stage(traced, part, c * n + s)
+        stage.module.to(device)
+        if channels_last:
+            module_to_channels_last(stage.module)
+        versions = WeightVersions(stage.module, stash=False)
+        params = list(versions.live.values())
+        optimizer: torch.optim.Optimizer | None = None
+        if params and cfg.optimizer == "adam":
+            optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        elif params:
+            optimizer = torch.optim.SGD(
+                params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            )
+        chunks.append(
+            Worker(
+                rank=env.rank,
+                stage=stage,
+                replica=0,
+                part=part,
+                specs=specs,
+                peers=peers,
+                units=units,
+                loss_fn=resolve_loss(spec.loss),
+                optimizer=optimizer,
+                versions=versions,
+                comm=shared,
+                group=None,
+                device=device,
+                dtype=dtype,
+                loss_scale=1.0 / plan.microbatches,
+                average_replicas=False,
+                vertical_sync=False,
+                record=cfg.record,
+                channels_last=channels_last,
+            )
+        )
+    segs = segments(plan, cfg, units.per_epoch)
+    total = sum(segs.lengths) // segs.units_per_step
+    for w in chunks:
+        w.lr_at = lambda step, total=total: cfg.lr_at(step, total)
+    pipe = pipeline_of(plan, part)
+    schedule = GENERATORS[plan.schedule]
+    base = 0
+    for length in segs.lengths:
+        run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base)
+        base += length
+    shown = next((w for w in chunks if w.stage.has_output), chunks[0])  # the loss lives on the last chunk
+    merged = {k: p.detach().cpu().clone() for w in chunks for k, p in w.stage.module.named_parameters()}
+    result = WorkerResult(
+        rank=env.rank,
+        stage=s,
+        replica=replica,
+        steps=shown.run_steps,
+        units=base,
+        updates=shown.steps,
+        wall_s=time.perf_counter() - t_start,
+        rows=shown.step_rows,
+        events=[],
+        params=merged if cfg.record else {},
+        send_thread=comm.poster is not None,
+        shm=comm.shm is not None,
+    )
+    gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
+    dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
+    return [r for r in gathered if isinstance(r, WorkerResult)] if env.rank == 0 else None

@@ -1,0 +1,70 @@
+"""pdrun runs interleaved 1F1B: V stage modules per rank, trained exactly like one process with batch M x batch size.
+
+Real workers (gloo over 127.0.0.1) in float64; the plan's chunks are consecutive layer ranges,
+chunk c of worker w at stages[c * S + w] on w's rank, compared parameter by parameter with the
+sequential training of tests/test_run_flush.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdrun.config import RunConfig
+from pdrun.launch import launch
+from pdrun.plans import cut_plan
+from shared.errors import UserError
+from shared.plan import Plan
+from shared.spec import RunSpec
+from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
+
+DEEP = RESMLP.model_copy(update={"model_args": {"width": 32, "depth": 4}})
+BLOCKS = [4, 8, 12, 16, 20]  # DEEP cut after each residual add: only the block's output crosses
+
+
+def interleaved_plan(
+    cuts: list[int], workers: int, chunks: int, batch: int, microbatches: int, spec: RunSpec = RESMLP
+) -> Plan:
+    """``cut_plan``'s V x S stages as chunks: stage v on worker v % S's rank."""
+    flat = cut_plan(spec, cuts, batch_size=batch, schedule="1f1b-flush", microbatches=microbatches)
+    assert len(flat.stages) == workers * chunks
+    data = flat.model_dump()
+    for v, stage in enumerate(data["stages"]):
+        stage["ranks"] = [v % workers]
+    data.update(schedule="interleaved-1f1b", virtual_stages=chunks, world_size=workers, in_flight=workers)
+    return Plan.model_validate(data)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("spec", "cuts", "workers", "chunks", "m"),
+    [(RESMLP, [3, 6, 9], 2, 2, 4), (DEEP, BLOCKS, 2, 3, 4), (DEEP, BLOCKS, 3, 2, 6)],
+)
+def test_interleaved_equals_sequential(
+    spec: RunSpec, cuts: list[int], workers: int, chunks: int, m: int
+) -> None:
+    batch, steps, seed, lr = 8, 5, 6, 0.2
+    plan = interleaved_plan(cuts, workers, chunks, batch, m, spec)
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None and len(results) == workers
+    initial, want = sequential(
+        spec, steps=steps, batch=batch * m, seed=seed, dtype=torch.float64, lr=lr, momentum=0.9
+    )
+    assert_same(pipeline_params(results), want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    assert all(r.steps == steps for r in results)
+    last = next(r for r in results if r.stage == workers - 1)
+    assert [row["step"] for row in last.rows] == list(range(steps)) and all(
+        0 < row["loss"] < 10 for row in last.rows
+    )
+
+
+def test_interleaved_refuses_before_training(tmp_path: object) -> None:
+    plan = interleaved_plan([3, 6, 9], 2, 2, 8, 4)
+    with pytest.raises(UserError, match="does not checkpoint or resume yet"):
+        launch(plan, RunConfig(steps=2, checkpoint_dir=str(tmp_path), validate=False))
+    # A skip connection from chunk 1 to chunk 3 is no chain of chunks: one line, before any worker starts.
+    plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4)
+    with pytest.raises(UserError, match=r"interleaved-1f1b sends values only to the next chunk.*\(1, 3\)"):
+        launch(plan, RunConfig(steps=2, validate=False))
