@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from click.testing import CliRunner
 
 from pdrun.cli import main
 from shared.errors import UserError
 from shared.schedule import (
+    RECVS,
     Instr,
     Kind,
+    Pipeline,
     Program,
+    Schedule,
     ScheduleError,
+    Worker,
     build_program,
     get_schedule,
     make_pipeline,
@@ -296,3 +302,71 @@ def test_cli_draws_the_new_schedules() -> None:
     assert "2bw accumulates over at least as many microbatches as units in flight (4" in result.stderr
     result = CliRunner().invoke(main, ["schedule", "--schedule", "zb-h1", "--virtual-stages", "2"])
     assert result.exit_code == 2 and "--virtual-stages is for interleaved-1f1b" in result.stderr
+
+
+class _DropReceives(Schedule):
+    """A second-wave generator with every receive of one residue of the period dropped on one worker."""
+
+    def __init__(self, inner: Schedule, target: int, residue: int) -> None:
+        self.inner, self.name, self.target, self.residue = inner, inner.name, target, residue
+
+    def units_per_step(self, pipe: Pipeline) -> int:
+        return self.inner.units_per_step(pipe)
+
+    def period(self, pipe: Pipeline) -> int:
+        return self.inner.period(pipe)
+
+    def fill(self, pipe: Pipeline) -> int:
+        return self.inner.fill(pipe)
+
+    def check_units(self, pipe: Pipeline, units: int) -> None:
+        self.inner.check_units(pipe, units)
+
+    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        instrs = self.inner.program(pipe, worker, first, stop)
+        if pipe.workers().index(worker) != self.target % len(pipe.workers()):
+            return instrs
+        p = self.period(pipe)
+        return (i for i in instrs if not (i.kind in RECVS and i.unit % p == self.residue))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "replicas", "microbatches", "chunks"),
+    [
+        ("interleaved-1f1b", (1, 1), 2, 2),
+        ("interleaved-1f1b", (1, 1, 1), 3, 2),
+        ("zb-h1", (1, 1, 1), 3, 1),
+        ("zb-h1", (2, 1), 2, 1),
+        ("2bw", (1, 1), 2, 1),
+        ("2bw", (1, 2, 1), 4, 1),
+    ],
+)
+def test_window_and_whole_validation_agree(
+    schedule: str, replicas: tuple[int, ...], microbatches: int, chunks: int
+) -> None:
+    # As tests/test_schedule_window.py does for PipeDream's three: programs that run, and broken ones.
+    gen = get_schedule(schedule)
+    pipe = make_pipeline(schedule, replicas, microbatches=microbatches, chunks=chunks)
+    cases: list[Schedule] = [gen] + [
+        _DropReceives(gen, target, residue)
+        for target in range(len(pipe.workers()))
+        for residue in range(0, gen.period(pipe), max(1, gen.period(pipe) // 2))
+    ]
+    for case in cases:
+        for steps in range(1, 13):
+            units = steps * microbatches
+            whole = {w: list(case.program(pipe, w, 0, units)) for w in pipe.workers()}
+            try:
+                validate_program(whole)
+                whole_ok = True
+            except ScheduleError:
+                whole_ok = False
+            try:
+                validate_run(case, pipe, [units])
+                window_ok = True
+            except ScheduleError:
+                window_ok = False
+            assert whole_ok == window_ok, (case, units)
+            # a dropped receive always breaks the program (where the worker had one to drop)
+            dropped = any(len(whole[w]) != sum(1 for _ in gen.program(pipe, w, 0, units)) for w in whole)
+            assert whole_ok == (not dropped), (case, units)
