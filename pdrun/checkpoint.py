@@ -57,7 +57,10 @@ def _write(path: Path, state: dict[str, Any]) -> Written:
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # checked before training (pdrun/outputs.py); the disk may change since
+        raise UserError(f"--checkpoint-dir: cannot create {path.parent}: {exc.strerror or exc}") from None
     atomic_write_bytes(path, data)
     return Written(path.name, len(data), hashlib.sha256(data).hexdigest())
 

@@ -8,7 +8,17 @@ from dataclasses import asdict, replace
 import click
 
 from pdrun import metrics, timeline
-from pdrun.config import Backend, Device, Dtype, LrSchedule, Optimizer, RunConfig, SendThread, Transport
+from pdrun.config import (
+    Backend,
+    Device,
+    Dtype,
+    LrSchedule,
+    Optimizer,
+    RunConfig,
+    SendThread,
+    Transport,
+    resolve_units_per_step,
+)
 from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
@@ -43,7 +53,10 @@ from shared.plan import SCHEDULES, Plan, load_plan
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="Override the plan's schedule.")
 @click.option(
-    "--microbatches", type=click.IntRange(min=1), help="Override the plan's units per step (flush schedules)."
+    "--microbatches",
+    type=click.IntRange(min=1),
+    help="Override the plan's units per step (flush schedules; 1f1b steps after every unit). "
+    "Default: the plan's; a 1f1b plan run with a flush --schedule gets its units in flight (NOAM).",
 )
 @click.option(
     "--vertical-sync/--no-vertical-sync",
@@ -202,6 +215,9 @@ def run(
         resume=resume,
         progress=not quiet,
     )
+    cfg, note = resolve_units_per_step(p, cfg)
+    if note:
+        console.print(f"pdrun: {note}", markup=False)
     if resume and checkpoint_dir:
         cfg = _resume_from(p, cfg, checkpoint_dir, quiet)
     results = launch(

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
+from shared.errors import UserError
 from shared.layout import MemoryFormat
+
+if TYPE_CHECKING:
+    from shared.plan import Plan
 
 Optimizer = Literal["sgd", "adam"]
 SendThread = Literal["auto", "on", "off"]
@@ -64,3 +68,30 @@ class RunConfig:
         if self.lr_schedule == "cosine" and total > 0:
             return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
         return self.lr
+
+
+def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str | None]:
+    """``cfg`` with the units per optimizer step settled, and a line saying what was chosen, if anything was.
+
+    1F1B (PipeDream's asynchronous schedule) steps after every unit, so ``--microbatches``
+    cannot apply to it: refused. A flush schedule asked of a 1F1B plan would inherit that
+    plan's one unit per step, with nothing to pipeline (the replicas of a stage taking turns);
+    it gets the plan's NOAM instead, the units that fill its pipeline (every worker has work),
+    which is the stage count for a straight pipeline, unless ``--microbatches`` says otherwise.
+    """
+    schedule = cfg.schedule or plan.schedule
+    if schedule == "1f1b":
+        if cfg.microbatches is not None and cfg.microbatches != 1:
+            raise UserError(
+                f"--microbatches {cfg.microbatches}: the 1f1b schedule takes an optimizer step after every "
+                "unit; add --schedule 1f1b-flush or gpipe to accumulate several units per step"
+            )
+        return cfg, None
+    if cfg.microbatches is not None or plan.schedule != "1f1b":
+        return cfg, None
+    chosen = plan.in_flight
+    note = (
+        f"--schedule {schedule} on a 1f1b plan: {chosen} microbatches per step (the plan's units in flight, "
+        "which fill its pipeline); --microbatches M to choose"
+    )
+    return replace(cfg, microbatches=chosen), note

@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
-from pdrun import checkpoint
-from pdrun.config import RunConfig
+from pdrun import checkpoint, named_sems
+from pdrun.config import RunConfig, resolve_units_per_step
 from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.interleaved import check_chunked
+from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.runner import WorkerResult, chunk_lengths, effective_plan, pipeline_of, segments, worker_entry
 from pdrun.shm import remove_run_links
@@ -91,6 +92,9 @@ def launch(
     plan: Plan, cfg: RunConfig, nodes: Nodes = Nodes(), source: str = "plan"
 ) -> list[WorkerResult] | None:
     """Run ``plan``; returns every rank's result (None on ranks other than 0 under torchrun)."""
+    # First, and cheap: a run that cannot write its results must not train for them.
+    check_outputs(cfg.metrics, cfg.trace, cfg.checkpoint_dir)
+    cfg, _ = resolve_units_per_step(plan, cfg)  # cmd_run has said what it chose
     if under_torchrun():
         env = DistEnv.from_environ()
         check(plan, cfg, env.world_size, source)
@@ -140,14 +144,18 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
     )
     if config.start_method == "forkserver":
         _preload_forkserver()
+    named_sems.no_named_locks()
     with (
         tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir,
         _quiet_launcher(),
         _shm_swept(config.run_id if nodes.nnodes == 1 else None),
+        named_sems.unlinked_once_started(errdir, nproc),
     ):
         try:
             run = replace(cfg, launcher_pid=os.getpid())
-            out: dict[int, Any] = elastic_launch(config, worker_entry)(plan.model_dump_json(), run, errdir)
+            out: dict[int, Any] = elastic_launch(config, named_sems.entry)(
+                plan.model_dump_json(), run, errdir
+            )
         except ChildFailedError as exc:
             raise _first_failure(Path(errdir), exc) from None
         except SignalException as exc:

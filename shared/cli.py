@@ -99,9 +99,12 @@ class ToolGroup(click.Group):
             console.print(f"{name}: aborted")
             sys.exit(130)
         except click.ClickException as exc:
+            # One line, as every other error: the usage is one --help away, and the line says which.
+            hint = ""
             if isinstance(exc, click.UsageError) and exc.ctx is not None:
-                console.print(exc.ctx.get_usage(), markup=False, emoji=False)
-            console.print(f"{name}: error: {exc.format_message()}", markup=False, emoji=False)
+                hint = f" (see {exc.ctx.command_path} --help)"
+            message = " ".join(exc.format_message().split())
+            console.print(f"{name}: error: {message}{hint}", markup=False, emoji=False)
             sys.exit(exc.exit_code)
         except PDError as exc:
             if debug:

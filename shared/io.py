@@ -3,7 +3,8 @@
 A tool's input is a path or ``-`` (standard input, so that ``pdprof | pdplan | pdrun``
 works); its output goes to standard output or to ``-o FILE``. Files are written to a
 temporary file beside the target and renamed over it, so a reader never sees half a
-file and a crash never destroys what was there before.
+file and a crash never destroys what was there before. The file gets the mode a plain
+``open()`` would give it (0666 less the umask), so others read a plan as they would any file.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise UserError(f"{target}: cannot write: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
+            # mkstemp creates 0600; what replaces the target gets the mode open() would give it.
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -79,6 +82,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if isinstance(exc, OSError) and exc.strerror:
             raise UserError(f"{target}: cannot write: {exc.strerror}") from None
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux reports it in /proc) where that is possible."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # elsewhere: set and restore (briefly stricter, never looser)
+    os.umask(mask)
+    return mask
 
 
 def write_output(text: str, out: str | os.PathLike[str] | None) -> None:

@@ -163,6 +163,7 @@ class Plan(Strict):
                         f"also runs stage {rank_owner[rank]}; a rank runs one stage"
                     )
                 rank_owner[rank] = s
+        _check_batch_size(self.batch_size, self.input_shape)
         if len(rank_owner) != self.world_size:
             # Lazily: world_size comes from the file and may be huge; the first few gaps are enough.
             missing = list(itertools.islice((r for r in range(self.world_size) if r not in rank_owner), 3))
@@ -207,6 +208,39 @@ class Plan(Strict):
             if rank in stage.ranks:
                 return s, stage.ranks.index(rank)
         raise KeyError(rank)
+
+
+def batch_of_shape(shape: Any) -> int | None:
+    """The batch an ``input_shape`` was recorded at: dim 0 of every input tensor (the collated batch).
+
+    None when the shape tells nothing (absent, scalars) or its tensors disagree.
+    """
+    firsts: set[int] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, list) and node and all(type(d) is int for d in node):
+            if node[0] >= 1:
+                firsts.add(node[0])
+        elif isinstance(node, list):
+            for child in node:
+                visit(child)
+        elif isinstance(node, dict):
+            for child in node.values():
+                visit(child)
+
+    visit(shape)
+    return firsts.pop() if len(firsts) == 1 else None
+
+
+def _check_batch_size(batch_size: int, input_shape: Any) -> None:
+    """Every figure of the plan is per unit of the profiled batch: a batch_size edited by hand is refused."""
+    profiled = batch_of_shape(input_shape)
+    if profiled is not None and profiled != batch_size:
+        raise ValueError(
+            f"batch_size: {batch_size}, but the graph was profiled at {profiled} samples per unit "
+            f"(input_shape {input_shape}) and every prediction of the plan is for {profiled}; set batch_size "
+            f"back to {profiled}, or profile at {batch_size} (pdprof --batch-size {batch_size}) and plan again"
+        )
 
 
 def layer_span(layers: list[str]) -> str:
@@ -271,6 +305,12 @@ def check_against_graph(
                 f"{source}: stages[{b}]: not convex: layer {edge.target!r} (stage {b}) feeds from "
                 f"{edge.source!r} in the later stage {a}; stages must follow the data flow"
             )
+    if plan.batch_size != graph.batch_size:
+        raise PlanError(
+            f"{source}: batch_size: {plan.batch_size}, but the graph was profiled at {graph.batch_size} "
+            f"samples per unit and every prediction of the plan is for {graph.batch_size}; set it back, or "
+            f"profile at {plan.batch_size} and plan again"
+        )
     if world_size is not None and world_size != plan.world_size:
         last = len(plan.stages) - 1
         raise PlanError(

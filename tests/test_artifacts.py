@@ -23,7 +23,17 @@ from shared.artifact import Writer, dump_json
 from shared.errors import ArtifactError, UserError
 from shared.graph import Edge, LayerGraph, Node, Timing, graph_hash, load_graph, save_graph
 from shared.io import atomic_write_bytes, write_output
-from shared.plan import Cluster, Level, Plan, Prediction, Stage, StagePrediction, load_plan, save_plan
+from shared.plan import (
+    Cluster,
+    Level,
+    Plan,
+    Prediction,
+    Stage,
+    StagePrediction,
+    batch_of_shape,
+    load_plan,
+    save_plan,
+)
 from shared.spec import RunSpec, TraceOptions
 from shared.tables import PROFILE_TABLE, RUN_METRICS, load_table, save_table
 
@@ -164,13 +174,15 @@ def plans(draw: st.DrawFn) -> Plan:
             speedup_over_data_parallel=st.none() | st.floats(0, 100),
         )
     )
+    shape = draw(shapes)
     return Plan(
         graph_hash=graph_hash(layers, [])
         if draw(st.booleans())
         else "sha256:" + draw(st.from_regex(r"[0-9a-f]{64}", fullmatch=True)),
         spec=draw(run_specs()),
-        batch_size=draw(st.integers(1, 1024)),
-        input_shape=draw(shapes),
+        # A plan's batch is the one its graph was profiled at (dim 0 of its input tensors), when it says.
+        batch_size=batch_of_shape(shape) or draw(st.integers(1, 1024)),
+        input_shape=shape,
         schedule=draw(st.sampled_from(["1f1b", "1f1b-flush", "gpipe"])),
         microbatches=draw(st.integers(1, 64)),
         in_flight=draw(st.integers(1, 16)),

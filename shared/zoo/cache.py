@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.io import current_umask
+
 Arrays = dict[str, np.ndarray]
 
 
@@ -62,6 +64,7 @@ def cached(name: str, version: str, source: Path | None, build: Callable[[], Arr
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o666 & ~current_umask())  # as open() would, not mkstemp's 0600
                 save: Callable[..., None] = np.savez
                 save(f, **arrays)
             os.replace(tmp, path)

@@ -1,0 +1,223 @@
+"""pdrun's options do what they say or say why not: outputs checked before training, units per step, batch size.
+
+Outputs: a ``--metrics``, ``--trace`` or ``--checkpoint-dir`` that cannot be written is one line
+and exit 2 before any worker starts (tests run as root, which passes every permission check, so
+"unwritable" is a path below a regular file, which nobody can create). Units per step:
+``--microbatches`` on 1F1B is refused, a flush ``--schedule`` on a 1F1B plan pipelines its units
+in flight and says so. A plan whose ``batch_size`` was edited away from the profiled one is
+refused by pdrun and by ``pdplan validate``. Usage errors are one line in all three tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pdplan.cli import main as pdplan_main
+from pdprof.cli import main as pdprof_main
+from pdrun.cli import main as pdrun_main
+from pdrun.plans import cut_plan
+from shared.errors import UserError
+from shared.plan import save_plan
+from tests.test_run_flush import RESMLP
+
+BIN = Path(sys.executable).parent
+
+
+def _plan(tmp_path: Path, **kwargs: object) -> Path:
+    path = tmp_path / "plan.json"
+    save_plan(cut_plan(RESMLP, [6], batch_size=16, **kwargs), path)  # type: ignore[arg-type]
+    return path
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("option", "target", "expected"),
+    [
+        ("--metrics", "missing/m.parquet", r"--metrics {t}: directory {d} does not exist"),
+        ("--trace", "afile/t.json", r"--trace {t}: directory {d} is not a directory"),
+        ("--metrics", "adir", r"Invalid value for '--metrics': File '{t}' is a directory."),  # click's
+        ("--checkpoint-dir", "afile/ck", r"--checkpoint-dir {t}: cannot create the directory: "),
+        ("--checkpoint-dir", "afile", r"Invalid value for '--checkpoint-dir': Directory '{t}' is a file."),
+    ],
+)
+def test_an_output_that_cannot_be_written_fails_before_training(
+    tmp_path: Path, option: str, target: str, expected: str
+) -> None:
+    plan = _plan(tmp_path)
+    (tmp_path / "afile").write_text("a regular file: nothing can be created below it, not even by root\n")
+    (tmp_path / "adir").mkdir()
+    path = tmp_path / target
+    t0 = time.monotonic()
+    # 3,000 steps: found after the run it would be minutes; here it must come before any worker starts.
+    res = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "3000", option, str(path), "-q"])
+    seconds = time.monotonic() - t0
+    assert res.exit_code == 2, res.output
+    [line] = _error_lines(res.stderr)
+    assert line.startswith("pdrun: error: " + expected.format(t=path, d=path.parent)), line
+    assert seconds < 5, f"{seconds:.1f} s: the outputs were not checked first"
+    assert res.stdout == ""
+
+
+def test_a_missing_checkpoint_dir_is_created_up_front(tmp_path: Path) -> None:
+    from pdrun.outputs import check_outputs
+
+    check_outputs(str(tmp_path / "m.parquet"), None, str(tmp_path / "a" / "b" / "ck"))
+    assert (tmp_path / "a" / "b" / "ck").is_dir()
+    assert [p.name for p in (tmp_path / "a" / "b" / "ck").iterdir()] == []  # the probe is gone
+    assert not (tmp_path / "m.parquet").exists()
+    (tmp_path / "afile").write_text("x\n")
+    with pytest.raises(UserError, match=r"--checkpoint-dir .*afile: exists and is not a directory$"):
+        check_outputs(None, None, str(tmp_path / "afile"))  # what click does not see: a library call
+
+
+@pytest.mark.timeout(60)
+def test_an_unwritable_checkpoint_dir_is_one_line_from_the_installed_pdrun(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    (tmp_path / "afile").write_text("x\n")
+    done = subprocess.run(
+        [
+            str(BIN / "pdrun"),
+            str(plan),
+            "--steps",
+            "3000",
+            "--checkpoint-dir",
+            str(tmp_path / "afile" / "ck"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"pdrun: error: --checkpoint-dir {tmp_path / 'afile' / 'ck'}: cannot create the directory: Not a directory"
+    ]
+
+
+def test_microbatches_on_1f1b_is_refused(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    res = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "4", "--microbatches", "4", "-q"])
+    assert res.exit_code == 2
+    [line] = _error_lines(res.stderr)
+    assert line == (
+        "pdrun: error: --microbatches 4: the 1f1b schedule takes an optimizer step after every unit; "
+        "add --schedule 1f1b-flush or gpipe to accumulate several units per step"
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("extra", "units", "note"), [([], 6, True), (["--microbatches", "3"], 9, False)])
+def test_a_flush_schedule_on_a_1f1b_plan_fills_the_pipeline_and_says_so(
+    tmp_path: Path, extra: list[str], units: int, note: bool
+) -> None:
+    # A 2-stage plan with its first stage replicated: NOAM = ceil(3 / 2) = 2 units in flight. With one
+    # unit per step (the 1f1b plan's), the two replicas would take turns and nothing would overlap.
+    plan = _plan(tmp_path, replicas=[2, 1])
+    res = CliRunner().invoke(
+        pdrun_main, [str(plan), "--schedule", "1f1b-flush", "--steps", "3", "--no-val", "-q", *extra]
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["steps"] == 3 and summary["units"] == units
+    said = [line for line in res.stderr.splitlines() if "microbatches per step" in line]
+    assert said == (
+        [
+            "pdrun: --schedule 1f1b-flush on a 1f1b plan: 2 microbatches per step (the plan's units in "
+            "flight, which fill its pipeline); --microbatches M to choose"
+        ]
+        if note
+        else []
+    )
+
+
+def _edited(tmp_path: Path, data: dict[str, object], batch_size: int) -> Path:
+    data = {**data, "batch_size": batch_size}
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_plan_whose_batch_size_was_edited_is_refused_by_pdrun(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    data = json.loads(plan.read_text())
+    data["input_shape"] = [16, 64]  # as pdprof records it: the profiled batch of the digits' 64 features
+    ok = _edited(tmp_path, data, 16)
+    res = CliRunner().invoke(pdrun_main, [str(ok), "--steps", "2", "--no-val", "-q"])
+    assert res.exit_code == 0, res.output
+    bad = _edited(tmp_path, data, 32)
+    res = CliRunner().invoke(pdrun_main, [str(bad), "--steps", "2", "--no-val", "-q"])
+    assert res.exit_code == 2
+    [line] = _error_lines(res.stderr)
+    assert line.startswith(
+        f"pdrun: error: {bad}: batch_size: 32, but the graph was profiled at 16 samples per unit "
+        "(input_shape [16, 64])"
+    ), line
+
+
+def test_pdplan_validate_refuses_a_plan_whose_batch_size_was_edited(
+    tmp_path: Path, profiles_dir: Path
+) -> None:
+    graph = tmp_path / "alexnet.json"
+    res = CliRunner().invoke(
+        pdprof_main, ["import-pipedream", str(profiles_dir / "alexnet.txt"), "-o", str(graph)]
+    )
+    assert res.exit_code == 0, res.output
+    plan = tmp_path / "plan.json"
+    res = CliRunner().invoke(
+        pdplan_main, [str(graph), "--workers", "4", "--bandwidth", "1e9", "-o", str(plan)]
+    )
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(pdplan_main, ["validate", str(plan), "--graph", str(graph)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(plan.read_text())
+    size = data["batch_size"]
+    bad = _edited(tmp_path, data, size * 2)
+    res = CliRunner().invoke(pdplan_main, ["validate", str(bad), "--graph", str(graph)])
+    assert res.exit_code == 2
+    [line] = _error_lines(res.stderr)
+    assert line.startswith(
+        f"pdplan: error: {bad}: batch_size: {size * 2}, but the graph was profiled at {size} samples per unit"
+    ), line
+
+
+def test_batch_of_shape_reads_every_input_tensor() -> None:
+    from shared.plan import batch_of_shape
+
+    assert batch_of_shape([16, 1, 28, 28]) == 16
+    assert batch_of_shape([[8, 12], [8, 12, 4]]) == 8  # tuple inputs
+    assert batch_of_shape({"input_ids": [4, 32], "mask": [4, 32]}) == 4
+    assert batch_of_shape(None) is None and batch_of_shape([]) is None
+    assert batch_of_shape([[8, 3], [4, 3]]) is None  # disagreeing tensors say nothing
+
+
+@pytest.mark.parametrize(
+    ("tool", "argv"),
+    [
+        ("pdrun", ["plan.json", "--steps", "-1"]),
+        ("pdplan", ["graph.json", "--workers", "4", "--bandwidth", "1e9", "--memory", "x"]),
+        ("pdprof", ["import-pipedream", "--bogus"]),
+    ],
+)
+def test_a_usage_error_is_one_line(tool: str, argv: list[str]) -> None:
+    done = subprocess.run(
+        [str(BIN / tool), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"{tool}: error: ") and "Usage:" not in done.stderr
+    assert line.endswith("--help)"), line  # where the usage is
