@@ -24,7 +24,7 @@ from pdplan.chain import chain_work
 from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
 from pdplan.hierarchy import plan_levels
 from pdplan.partition import LevelSpec
-from pdplan.problem import Problem, compress_series, prepare
+from pdplan.problem import Problem, compress_series, prepare_layers
 from pdplan.statecount import pipedream_states
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
@@ -143,7 +143,7 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
     """Partition ``graph`` for ``config``'s cluster with PipeDream's optimizer."""
     levels = config.levels()
     began = time.perf_counter()
-    base = prepare(graph.to_networkx())
+    base = prepare_layers(graph)
     # The exact size of PipeDream's state space, reported beside the states searched and used to
     # choose them: counted by a frontier DP (statecount.py, ~1.3 s for NASNet-Large's 5.8e12),
     # never enumerated; None past its budget.

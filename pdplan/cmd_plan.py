@@ -7,7 +7,7 @@ import click
 from pdplan.build import COST_MODELS, PlanConfig
 from pdplan.more_schedules import plan_for
 from pdplan.report import search_text, simulated_text, with_simulation
-from shared.cli import console
+from shared.cli import say
 from shared.graph import load_graph
 from shared.host import send_thread_pays
 from shared.io import display_name, write_output
@@ -157,8 +157,8 @@ def plan(
     assert pred is not None
     shape = "-".join(str(s.replicas) for s in p.stages)
     speedup = f"{pred.speedup_over_data_parallel:.2f}x" if pred.speedup_over_data_parallel else "n/a"
-    console.print(
-        f"[bold]pdplan[/]: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
+    say(
+        f"pdplan: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
         f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; "
         + search_text(pred)
         + simulated_text(pred, "; ")

@@ -9,11 +9,15 @@ every set-aside node goes back, so that the plan still covers the whole graph.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import PlanError
+from shared.graph import LayerGraph
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _GETITEM = ("__getitem__", "getitem")
 
@@ -77,41 +81,99 @@ class Problem:
 
 
 def prepare(g: nx.DiGraph) -> Problem:
-    """Zero and set aside the inputs, drop dangling tuple-indexing sinks, number the rest."""
-    work: nx.DiGraph = g.copy()
-    order = list(g.nodes)  # the file's order: PipeDream's optimizer starts from its first source
-    inputs = [n for n in order if work.in_degree(n) == 0 and g.nodes[n].get("op") == "input"]
-    work.remove_nodes_from(inputs)
+    """The problem of a networkx graph of layers (node attributes as ``LayerGraph.to_networkx`` sets them)."""
+    order = list(g.nodes)
+    return _prepare(
+        order,
+        {n: g.nodes[n] for n in order},
+        {n: list(g.predecessors(n)) for n in order},
+        {n: list(g.successors(n)) for n in order},
+    )
+
+
+def prepare_layers(graph: LayerGraph) -> Problem:
+    """The problem of a layer graph, as ``prepare(graph.to_networkx())`` without importing networkx.
+
+    networkx takes about a third of a second to import, most of what ``pdplan`` on a small
+    model costs; the DP itself works on plain lists.
+    """
+    order = [node.id for node in graph.nodes]
+    preds: dict[str, dict[str, None]] = {n: {} for n in order}
+    succs: dict[str, dict[str, None]] = {n: {} for n in order}
+    for edge in graph.edges:  # in the file's order, as networkx keeps its adjacency
+        preds[edge.target][edge.source] = None
+        succs[edge.source][edge.target] = None
+    return _prepare(
+        order,
+        {node.id: node.model_dump(exclude={"id"}) for node in graph.nodes},
+        {n: list(p) for n, p in preds.items()},
+        {n: list(s) for n, s in succs.items()},
+    )
+
+
+def _prepare(
+    order: list[str],
+    attrs: dict[str, Any],
+    preds: dict[str, list[str]],
+    succs: dict[str, list[str]],
+) -> Problem:
+    """Zero and set aside the inputs, drop dangling tuple-indexing sinks, number the rest.
+
+    ``order`` is the file's order: PipeDream's optimizer starts from its first source.
+    """
+    inputs = [n for n in order if not preds[n] and attrs[n].get("op") == "input"]
+    work = set(order) - set(inputs)
     # One pass, as in the paper's optimizer: only sinks that dangle now are dropped.
     attached: dict[str, str] = {}
-    for n in [n for n in order if n in work and work.out_degree(n) == 0 and _is_tuple_index(g.nodes[n])]:
-        producers = list(g.predecessors(n))
+    for n in [n for n in order if n in work and not succs[n] and _is_tuple_index(attrs[n])]:
+        producers = preds[n]
         attached[n] = producers[0] if producers else ""
-        work.remove_node(n)
-    if work.number_of_nodes() == 0:
+        work.discard(n)
+    if not work:
         raise PlanError("graph: nothing to plan: the graph has only model inputs and tuple indexing")
-    # A topological order that keeps the file's order where it can (ties broken by it).
-    position = {n: i for i, n in enumerate(order)}
-    topo = list(nx.lexicographical_topological_sort(work, key=lambda n: position[n]))
+    topo = _topological(order, work, preds, succs)
     index = {n: i for i, n in enumerate(topo)}
-    sources = [n for n in order if n in work and work.in_degree(n) == 0]
+    sources = [n for n in order if n in work and not any(p in work for p in preds[n])]
     for sink, producer in attached.items():
         # A dropped sink goes with its producer; one fed only by an input goes to stage 0.
         if producer not in index:
             attached[sink] = ""
     return Problem(
         ids=topo,
-        compute_s=[
-            (float(g.nodes[n]["forward_ms"]) + float(g.nodes[n]["backward_ms"])) / 1000.0 for n in topo
-        ],
-        parameter_bytes=[float(g.nodes[n]["parameter_bytes"]) for n in topo],
-        activation_bytes=[float(g.nodes[n]["activation_bytes"]) for n in topo],
-        preds=[sorted(index[p] for p in work.predecessors(n)) for n in topo],
-        succs=[sorted(index[s] for s in work.successors(n)) for n in topo],
+        compute_s=[(float(attrs[n]["forward_ms"]) + float(attrs[n]["backward_ms"])) / 1000.0 for n in topo],
+        parameter_bytes=[float(attrs[n]["parameter_bytes"]) for n in topo],
+        activation_bytes=[float(attrs[n]["activation_bytes"]) for n in topo],
+        preds=[sorted(index[p] for p in preds[n] if p in work) for n in topo],
+        succs=[sorted(index[s] for s in succs[n] if s in work) for n in topo],
         first_source=index[sources[0]],
         inputs=inputs,
         attached=attached,
     )
+
+
+def _topological(
+    order: list[str], work: set[str], preds: dict[str, list[str]], succs: dict[str, list[str]]
+) -> list[str]:
+    """A topological order of ``work`` that keeps the file's order where it can (ties broken by it).
+
+    Kahn's algorithm with a heap on file position: networkx's ``lexicographical_topological_sort``.
+    """
+    position = {n: i for i, n in enumerate(order)}
+    waiting = {n: sum(p in work for p in preds[n]) for n in work}
+    ready = [(position[n], n) for n in work if waiting[n] == 0]
+    heapq.heapify(ready)
+    topo: list[str] = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        topo.append(n)
+        for s in succs[n]:
+            if s in work:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    heapq.heappush(ready, (position[s], s))
+    if len(topo) != len(work):
+        raise PlanError("graph: edges: the graph has a cycle")  # LayerGraph refuses one on load
+    return topo
 
 
 def compress_series(problem: Problem) -> Problem:

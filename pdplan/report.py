@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdplan.costs import StageCost, data_parallel_time, stage_costs
-from pdplan.problem import prepare
+from pdplan.problem import prepare_layers
 from pdplan.schedule_sim import simulate_plan
 from shared.errors import PlanError
 from shared.graph import LayerGraph
@@ -20,7 +20,7 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
     cluster = plan.cluster
     if cluster is None:
         raise PlanError("plan: cluster: the plan records no cluster; re-run pdplan to cost it")
-    problem = prepare(graph.to_networkx())
+    problem = prepare_layers(graph)
     index = {layer: v for v, layer in enumerate(problem.ids)}
     stage_nodes = [[index[layer] for layer in stage.layers if layer in index] for stage in plan.stages]
     for s, nodes in enumerate(stage_nodes):

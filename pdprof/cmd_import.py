@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from pdprof.pipedream_import import parse_pipedream
-from shared.cli import console
+from shared.cli import say
 from shared.graph import graph_json
 from shared.io import display_name, read_text, write_output
 
@@ -33,7 +33,7 @@ def import_pipedream(profile: str, out: str | None, batch_size: int) -> None:
     text = read_text(profile, "a PipeDream profile (graph.txt)")
     graph = parse_pipedream(text, display_name(profile), batch_size=batch_size)
     write_output(graph_json(graph), out)
-    console.print(
-        f"[bold]pdprof[/]: imported {len(graph.nodes)} layers and {len(graph.edges)} edges from "
+    say(
+        f"pdprof: imported {len(graph.nodes)} layers and {len(graph.edges)} edges from "
         f"{display_name(profile)}" + (f" -> {out}" if out else "")
     )

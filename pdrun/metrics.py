@@ -78,6 +78,8 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "samples_per_s": units * plan.batch_size / wall if wall > 0 else None,
         "train_s": wall,
         "max_weight_versions": {r.rank: r.max_versions for r in results},
+        # What carried each rank's messages: shared memory (every rank on this host) or gloo.
+        "transport": {r.rank: "shm" if r.shm else "gloo" for r in results},
     }
     if last and last[0].validation:
         per_epoch = []

@@ -13,18 +13,42 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
-from rich.console import Console
 
 from shared.errors import EXIT_USAGE, PDError, exit_code_for
 from shared.version import __version__
 
-# stderr: the human channel. stdout is kept for JSON.
-# Off a terminal (logs, CI, pipes) rich would assume 80 columns and wrap tables into
-# unreadable slivers; 120 keeps them whole. On a terminal rich measures the real width.
-console = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 120)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """The rich console, built (and rich imported, ~50 ms) on first use: ``--help`` and a plan need none."""
+
+    _real: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _LazyConsole._real is None:
+            from rich.console import Console
+
+            # stderr: the human channel. stdout is kept for JSON.
+            # Off a terminal (logs, CI, pipes) rich would assume 80 columns and wrap tables into
+            # unreadable slivers; 120 keeps them whole. On a terminal rich measures the real width.
+            _LazyConsole._real = Console(
+                stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 120
+            )
+        return getattr(_LazyConsole._real, name)
+
+
+console = cast("Console", _LazyConsole())
+
+
+def say(line: str) -> None:
+    """One plain line for a person on stderr (no markup), without loading rich for it."""
+    click.echo(line, err=True)
+
 
 _GROUP_FLAGS = {"--debug"}
 _GROUP_EXITS = {"--help", "-h", "--version"}
@@ -96,7 +120,7 @@ class ToolGroup(click.Group):
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.Abort:
-            console.print(f"{name}: aborted")
+            say(f"{name}: aborted")
             sys.exit(130)
         except click.ClickException as exc:
             # One line, as every other error: the usage is one --help away, and the line says which.
@@ -104,28 +128,26 @@ class ToolGroup(click.Group):
             if isinstance(exc, click.UsageError) and exc.ctx is not None:
                 hint = f" (see {exc.ctx.command_path} --help)"
             message = " ".join(exc.format_message().split())
-            console.print(f"{name}: error: {message}{hint}", markup=False, emoji=False)
+            say(f"{name}: error: {message}{hint}")
             sys.exit(exc.exit_code)
         except PDError as exc:
             if debug:
                 traceback.print_exc()
-            console.print(f"{name}: error: {exc}", markup=False, emoji=False)
+            say(f"{name}: error: {exc}")
             sys.exit(exc.exit_code)
         except BrokenPipeError:
             # `pdplan show | head`: the reader left; that is not our error.
             sys.stderr.close()
             sys.exit(0)
         except KeyboardInterrupt:
-            console.print(f"{name}: interrupted")
+            say(f"{name}: interrupted")
             sys.exit(130)
         except Exception as exc:  # the last line of defence: one line, no traceback
             if debug:
                 traceback.print_exc()
             first = str(exc).splitlines()[0] if str(exc) else ""
-            console.print(
-                f"{name}: internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
-                markup=False,
-                emoji=False,
+            say(
+                f"{name}: internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)"
             )
             sys.exit(exit_code_for(exc))
 
@@ -172,4 +194,4 @@ def parse_kv(pairs: Sequence[str], option: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["EXIT_USAGE", "ToolGroup", "console", "parse_kv", "tool_group"]
+__all__ = ["EXIT_USAGE", "ToolGroup", "console", "parse_kv", "say", "tool_group"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import networkx as nx
 from pydantic import Field, model_validator
 
 from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
@@ -21,6 +20,9 @@ from shared.errors import PlanError
 from shared.graph import LayerGraph
 from shared.spec import RunSpec, artifact_folder
 from shared.version import FORMAT_PLAN
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 Schedule = Literal["1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw"]
 SCHEDULES: tuple[str, ...] = ("1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw")
@@ -322,6 +324,8 @@ def check_against_graph(
 
 def stage_graph(plan: Plan, graph: LayerGraph) -> nx.DiGraph:
     """The DAG of stages: an edge wherever a tensor crosses from one stage to another."""
+    import networkx as nx  # here, not at the top: most users of plans need no graph library
+
     owner = plan.stage_of()
     g: nx.DiGraph = nx.DiGraph()
     g.add_nodes_from(range(len(plan.stages)))
