@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from shared.errors import UserError
 from shared.layout import MemoryFormat
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
     """``cfg`` with the units per optimizer step settled, and a line saying what was chosen, if anything was.
 
     1F1B (PipeDream's asynchronous schedule) steps after every unit, so ``--microbatches``
-    cannot apply to it: refused. A flush schedule asked of a 1F1B plan would inherit that
+    cannot apply to it: dropped, and said. A flush schedule asked of a 1F1B plan would inherit that
     plan's one unit per step, with nothing to pipeline (the replicas of a stage taking turns);
     it gets the plan's NOAM instead, the units that fill its pipeline (every worker has work),
     which is the stage count for a straight pipeline, unless ``--microbatches`` says otherwise.
@@ -82,9 +81,10 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
     schedule = cfg.schedule or plan.schedule
     if schedule == "1f1b":
         if cfg.microbatches is not None and cfg.microbatches != 1:
-            raise UserError(
-                f"--microbatches {cfg.microbatches}: the 1f1b schedule takes an optimizer step after every "
-                "unit; add --schedule 1f1b-flush or gpipe to accumulate several units per step"
+            # Said, not refused: scripts (our benchmarks among them) pass one --microbatches to every schedule.
+            return replace(cfg, microbatches=None), (
+                f"--microbatches {cfg.microbatches} is not used: 1f1b takes an optimizer step after every unit "
+                "(--schedule 1f1b-flush or gpipe accumulates several units per step)"
             )
         return cfg, None
     if cfg.microbatches is not None or plan.schedule != "1f1b":
