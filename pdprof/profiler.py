@@ -22,7 +22,7 @@ from __future__ import annotations
 import platform
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import pandas as pd
@@ -32,6 +32,7 @@ from torch import nn
 from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
 from pdprof.cut import cut_step, find_cut
+from pdprof.inputs import check_target, model_call, prepare
 from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
@@ -106,8 +107,13 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
     torch.manual_seed(0)
     model = resolve_model(spec.model, spec.model_args)
     dataset = resolve_dataset(spec.data, spec.data_args)
+    # Keyword samples, the frontend and the example shapes: decided here, recorded in the graph's spec.
+    spec, dataset = prepare(spec, model, dataset, config.batch_size)
+    config = replace(config, spec=spec)
+    assert spec.data is not None
     loss_fn = resolve_loss(spec.loss)
     inputs, target = first_batch(dataset, config.batch_size, device, spec.data)
+    check_target(spec, inputs, target)
     if config.concurrent > 1 and device.type != "cpu":
         raise UserError(
             "--concurrent: only for CPU workers sharing a host; on a GPU each worker has its own device"
@@ -152,6 +158,9 @@ def profile_model(
     try:
         report("tracing", 0, 1)
         traced = trace(model, config.spec.trace)
+        # The graph records the options as traced (the output field the loss reads).
+        config = replace(config, spec=config.spec.model_copy(update={"trace": traced.options}))
+        whole = model_call(model, config.spec)
         model.to(device).train()
         traced.module.to(device).train()
         # The layout pdrun will run in (same model, float32, same device: the same decision).
@@ -178,7 +187,7 @@ def profile_model(
         loads: list[float] = []
         cuts: list[tuple[float, float]] = []  # (forward, backward) ms: the step cut in two less whole
         kinds: list[Callable[[], Any]] = [
-            lambda: whole_step(model, inputs, target, loss_fn, clock),
+            lambda: whole_step(whole, inputs, target, loss_fn, clock),
             lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
             lambda: cut_step(traced.module, inputs, target, loss_fn, clock, None),
             lambda: cut_step(traced.module, inputs, target, loss_fn, clock, cut),
@@ -316,11 +325,23 @@ def _assemble(
     nodes: list[Node] = []
     updates, overheads, loads = update_samples
     cut, cuts = cut_samples
+    # A folded parameter's own node (its read, its gradient's accumulation) is charged to its first reader.
+    first_reader: dict[str, str] = {}
+    for layer in traced.layers:
+        for p in layer.params:
+            first_reader.setdefault(p, layer.name)
+    charged = {
+        layer.name: [layer.name, *(p for p in layer.params if first_reader[p] == layer.name)]
+        for layer in traced.layers
+    }
     for layer in traced.layers:
         size = sizes[layer.name]
         figures: dict[str, float] = {}
         for phase in ("forward", "backward"):
-            values = [0.0 if layer.op == "input" else s.of(phase).get(layer.name, 0.0) for s in samples]
+            values = [
+                0.0 if layer.op == "input" else sum(s.of(phase).get(n, 0.0) for n in charged[layer.name])
+                for s in samples
+            ]
             rows += [
                 {"layer": layer.name, "phase": phase, "repeat": i, "ms": v} for i, v in enumerate(values)
             ]

@@ -31,6 +31,8 @@ def _busy(
     import torch
 
     from pdprof.batch import first_batch
+    from pdprof.inputs import model_call
+    from shared.fields import keyword_dataset
     from shared.layout import inputs_to_channels_last, module_to_channels_last, use_channels_last
     from shared.malloc import steady_malloc
     from shared.resolve import resolve_dataset, resolve_loss, resolve_model
@@ -42,7 +44,8 @@ def _busy(
     torch.manual_seed(0)
     model = resolve_model(run.model, run.model_args)
     loss_fn = resolve_loss(run.loss)
-    inputs, target = first_batch(resolve_dataset(run.data, run.data_args), batch_size, torch.device("cpu"))
+    data = keyword_dataset(resolve_dataset(run.data, run.data_args), run.inputs, run.target, run.data)
+    inputs, target = first_batch(data, batch_size, torch.device("cpu"))
     # In the layout the profiled process and pdrun's workers use: a sibling in another layout loads
     # the cache and memory differently (NCHW convolutions here run ~40% longer).
     if use_channels_last(memory_format, model, torch.device("cpu"), torch.float32):
@@ -50,9 +53,10 @@ def _busy(
         inputs = inputs_to_channels_last(inputs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model.train()
+    call = model_call(model, run)  # keyword inputs and the output field, as the profiled step calls it
     ready.set()
     while not stop.is_set():
-        loss_fn(model(*inputs), target).backward()
+        loss_fn(call(*inputs), target).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

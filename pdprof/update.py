@@ -24,15 +24,15 @@ import torch
 from torch import nn
 
 from pdprof.clock import Clock
-from shared.tracer import TracedModel
+from shared.tracer import Layer, TracedModel, layer_tensors
 
 OptimizerName = Literal["sgd", "adam"]
 
 
-def _layer_parameters(traced: TracedModel, name: str, op: str, target: str) -> list[nn.Parameter]:
-    if op != "call_module":
+def _layer_parameters(traced: TracedModel, layer: Layer) -> list[nn.Parameter]:
+    if layer.op != "call_module" and not layer.params:
         return []
-    return [p for p in traced.module.get_submodule(target).parameters() if p.requires_grad]
+    return [p for p in layer_tensors(traced, layer) if isinstance(p, nn.Parameter) and p.requires_grad]
 
 
 class UpdateTimer:
@@ -42,7 +42,7 @@ class UpdateTimer:
         self.clock = clock
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         for layer in traced.layers:
-            params = _layer_parameters(traced, layer.name, layer.op, layer.target)
+            params = _layer_parameters(traced, layer)
             if not params:
                 continue
             if optimizer == "adam":

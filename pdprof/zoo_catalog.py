@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from shared.fields import keyword_fields
 from shared.zoo import registry
 
 
@@ -43,6 +44,8 @@ def describe(value: Any) -> Any:
         return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
     if isinstance(value, (tuple, list)):
         return [describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): describe(v) for k, v in value.items()}
     return {"type": type(value).__name__}
 
 
@@ -76,7 +79,8 @@ def dataset_rows() -> list[dict[str, Any]]:
             sizes[split] = len(data)
             if first is None:
                 first = data[0]
-        x, y = first
+        keyword = keyword_fields(first)  # a keyword dataset: (dict of inputs, target), or a dict with labels
+        x, y = (dict(keyword[0]), keyword[1]) if keyword is not None else first
         rows.append(
             {
                 "name": name,

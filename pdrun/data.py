@@ -16,6 +16,7 @@ import torch
 
 from shared.batches import gather
 from shared.errors import DataError, SpecError, UserError
+from shared.fields import keyword_dataset
 from shared.resolve import resolve_dataset
 from shared.spec import RunSpec
 
@@ -133,7 +134,9 @@ def datasets(spec: RunSpec) -> tuple[Any, Any | None]:
         takes_split = "split" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         takes_split = False
-    train = resolve_dataset(spec.data, train_args)
+    # Keyword samples (dicts of fields) are seen as (inputs, target) pairs in the order pdprof recorded.
+    train = keyword_dataset(resolve_dataset(spec.data, train_args), spec.inputs, spec.target, spec.data)
     if not takes_split or train_args.get("split", "train") == "val":
         return train, None
-    return train, resolve_dataset(spec.data, {**train_args, "split": "val"})
+    val = resolve_dataset(spec.data, {**train_args, "split": "val"})
+    return train, keyword_dataset(val, spec.inputs, spec.target, spec.data)

@@ -74,9 +74,17 @@ def build_stage(
     for name in received:
         if name in written:
             env[name] = graph.call_function(writable, (env[name],))
+
+    def arg(n: fx.Node) -> fx.Node:
+        # A parameter folded into its readers (no layer of its own) joins every stage that reads it:
+        # a tied weight is then the same parameter object in each (shared.tracer_export).
+        if n.name not in env and n.op == "get_attr":
+            env[n.name] = graph.node_copy(n)
+        return env[n.name]
+
     for name in part.layers[stage]:
         if name not in env:
-            env[name] = graph.node_copy(nodes[name], lambda n: env[n.name])
+            env[name] = graph.node_copy(nodes[name], arg)
     sent = tuple(n for n in part.layers[stage] if any(n in names for _, names in part.consumers(stage)))
     has_output = stage == part.last
     output: Any = None

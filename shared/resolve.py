@@ -2,7 +2,7 @@
 
 A spec is ``zoo:NAME`` (our built-in zoo), ``package.module:callable`` or
 ``path/to/file.py:callable``; the callable is called with the spec's keyword arguments.
-A loss is ``cross_entropy``, ``mse`` or a callable spec returning a loss function.
+A loss is ``cross_entropy``, ``causal_lm``, ``mse`` or a callable spec returning a loss function.
 """
 
 from __future__ import annotations
@@ -166,6 +166,26 @@ def cross_entropy(output: Any, target: Any) -> Any:
     return loss
 
 
+def causal_lm(output: Any, target: Any) -> Any:
+    """Next-token cross entropy of a causal LM whose labels are its inputs (Hugging Face's convention).
+
+    For logits (N, T, V) and labels (N, T): the logits at positions 0..T-2 against the labels at
+    1..T-1, flattened to N (T-1) predictions, labels of -100 ignored, the mean over the rest: what
+    transformers' ``*ForCausalLM`` computes inside the model when given ``labels``.
+    """
+    import torch.nn.functional as F
+
+    main, _ = _output_head(output)
+    if main.dim() != 3 or target.dim() != 2:
+        raise ValueError(
+            f"causal_lm: expected logits (N, T, V) and labels (N, T), got {list(main.shape)} "
+            f"and {list(target.shape)}"
+        )
+    logits = main[:, :-1, :]
+    labels = target[:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+
+
 def mse(output: Any, target: Any) -> Any:
     """Mean squared error on the (main) output."""
     import torch.nn.functional as F
@@ -174,7 +194,11 @@ def mse(output: Any, target: Any) -> Any:
     return F.mse_loss(main, target.to(main.dtype).reshape(main.shape))
 
 
-BUILTIN_LOSSES: dict[str, Callable[[Any, Any], Any]] = {"cross_entropy": cross_entropy, "mse": mse}
+BUILTIN_LOSSES: dict[str, Callable[[Any, Any], Any]] = {
+    "cross_entropy": cross_entropy,
+    "causal_lm": causal_lm,
+    "mse": mse,
+}
 
 
 def resolve_loss(spec: str) -> Callable[[Any, Any], Any]:

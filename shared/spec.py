@@ -10,15 +10,35 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from shared.artifact import Strict
 
 
+class ExampleInput(Strict):
+    """One traced input as torch.export needs it: its keyword, shape and dtype (the batch it specializes to)."""
+
+    name: str = Field(min_length=1)
+    shape: list[int]
+    dtype: str = Field(description="a torch dtype name: int64, float32, ...")
+
+
 class TraceOptions(Strict):
     """How the tracer groups modules into layers; pdrun must trace with the same options."""
+
+    frontend: Literal["fx", "export"] = Field(
+        default="fx",
+        description="fx: torch.fx at module granularity; export: torch.export (Hugging Face models), "
+        "op runs grouped by the module they belong to",
+    )
+    example: list[ExampleInput] = Field(
+        default_factory=list, description="export: the inputs the graph was exported for, in order"
+    )
+    output: str | None = Field(
+        default=None, description="the field of a dict or ModelOutput output the loss reads (e.g. logits)"
+    )
 
     depth: int | None = Field(default=None, ge=0, description="keep modules this deep as single layers")
     leaf_modules: list[str] = Field(
@@ -57,7 +77,14 @@ class RunSpec(Strict):
     model_args: dict[str, Any] = Field(default_factory=dict)
     data: str | None = Field(default=None, description="dataset spec, same forms as the model")
     data_args: dict[str, Any] = Field(default_factory=dict)
-    loss: str = Field(default="cross_entropy", description="cross_entropy, mse or a callable spec")
+    loss: str = Field(default="cross_entropy", description="cross_entropy, causal_lm, mse or a callable spec")
+    inputs: list[str] | None = Field(
+        default=None,
+        description="keyword inputs: the dataset fields passed to the model's forward, in its order",
+    )
+    target: str | None = Field(
+        default=None, description="keyword inputs: the sample field used as the target (e.g. labels)"
+    )
     trace: TraceOptions = Field(default_factory=TraceOptions)
 
     def anchored(self, base: str | os.PathLike[str]) -> RunSpec:

@@ -1,20 +1,33 @@
 """The one tracer: a model becomes named layers in a DAG, the same in pdprof and pdrun.
 
-torch.fx traces the model at leaf-module and function granularity: each fx node
-(a module call, a function such as ``add`` or ``flatten``, a method call, a parameter
-read, a model input) is one layer, named by fx's deterministic node name
-(``layer1_0_conv1``). ``TraceOptions`` keep chosen module types, or every module at a
-depth, as single layers, so a transformer block or an LSTM stack is one layer and
-constructs fx cannot see through stay hidden inside it.
+Two frontends give the same kind of graph (``TraceOptions.frontend``, which pdprof picks and
+the graph records):
+
+- ``fx`` (plain torch models): torch.fx traces the model at leaf-module and function
+  granularity: each fx node (a module call, a function such as ``add`` or ``flatten``, a
+  method call, a parameter read, a model input) is one layer, named by fx's deterministic
+  node name (``layer1_0_conv1``). torch.nn modules are leaves, except the containers
+  (``Sequential``, ``TransformerEncoder``, ``TransformerDecoder``), which open into their
+  layers; ``TransformerEncoderLayer``/``DecoderLayer`` stay leaves (their fast path is not
+  traceable, and in training it is never taken). ``TraceOptions`` keep chosen module types,
+  or every module at a depth, as single layers, so constructs fx cannot see through stay
+  hidden inside one.
+- ``export`` (Hugging Face models, detected as ``PreTrainedModel``): ``shared.tracer_export``.
+
+A model called with keyword inputs (``TraceOptions.example`` names them, in order) gets one
+placeholder per input; a dict or ``ModelOutput`` output is resolved to the one field the loss
+reads (``TraceOptions.output``: ``logits`` unless named), recorded so pdrun picks the same.
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -40,6 +53,7 @@ class Layer:
     op: str
     target: str
     inputs: tuple[str, ...]
+    params: tuple[str, ...] = ()  # get_attr nodes folded into this layer (the export frontend)
 
 
 @dataclass
@@ -92,6 +106,8 @@ class _Tracer(fx.Tracer):
         depth = self.options.depth
         if depth is not None and module_qualified_name and module_qualified_name.count(".") + 1 >= depth:
             return True
+        if isinstance(m, CONTAINERS):
+            return False
         # Recurrent layers are torch.nn leaves already; keep any module without children as one layer too.
         return super().is_leaf_module(m, module_qualified_name) or not any(True for _ in m.children())
 
@@ -99,6 +115,8 @@ class _Tracer(fx.Tracer):
         qualname = self.path_of_module(m)
         self.stack.append((qualname, type(m).__name__))
         try:
+            if isinstance(m, CONTAINERS) and not self.is_leaf_module(m, qualname):
+                return _open_container(m, args, kwargs)
             return super().call_module(m, forward, args, kwargs)
         except Exception:
             if self.failed_in is None:
@@ -121,6 +139,52 @@ def _construct(message: str) -> str | None:
     return None
 
 
+# torch.nn modules that are containers of layers: opened by default, closed by --leaf-module.
+CONTAINERS = (nn.TransformerEncoder, nn.TransformerDecoder)
+
+
+def _open_container(m: nn.Module, args: Any, kwargs: Any) -> Any:
+    """A TransformerEncoder/Decoder as the loop over its layers that it runs in training.
+
+    Their own forward checks its inputs' values (fast-path conditions, causal-mask detection),
+    which fx cannot follow; in training (autograd on) they reduce to this loop, which is what
+    the traced layers run: each layer gets the masks as given, then the optional final norm.
+    """
+    names = (
+        ("src", "mask", "src_key_padding_mask", "is_causal")
+        if isinstance(m, nn.TransformerEncoder)
+        else (
+            "tgt",
+            "memory",
+            "tgt_mask",
+            "memory_mask",
+            "tgt_key_padding_mask",
+            "memory_key_padding_mask",
+            "tgt_is_causal",
+            "memory_is_causal",
+        )
+    )
+    bound = dict(zip(names, args, strict=False)) | dict(kwargs)
+    layers = cast(nn.ModuleList, m.layers)
+    norm = cast(nn.Module | None, m.norm)
+    if isinstance(m, nn.TransformerEncoder):
+        out = bound["src"]
+        layer_kwargs = {
+            "src_mask": bound.get("mask"),
+            "src_key_padding_mask": bound.get("src_key_padding_mask"),
+            "is_causal": bool(bound.get("is_causal") or False),
+        }
+        for layer in layers:
+            out = layer(out, **layer_kwargs)
+    else:
+        out, memory = bound["tgt"], bound["memory"]
+        rest = {k: bound.get(k) for k in names[2:6]}
+        flags = {k: bool(bound.get(k) or False) for k in names[6:]}
+        for layer in layers:
+            out = layer(out, memory, **rest, **flags)
+    return norm(out) if norm is not None else out
+
+
 @contextmanager
 def _explain(tracer: _Tracer, model: nn.Module) -> Iterator[None]:
     try:
@@ -140,21 +204,68 @@ def _explain(tracer: _Tracer, model: nn.Module) -> Iterator[None]:
         raise TraceError(f"torch.fx cannot trace {place}: {construct}; {hint}") from exc
 
 
+def is_hugging_face(model: nn.Module) -> bool:
+    """A transformers ``PreTrainedModel`` (transformers imported only where the model came from it)."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
 def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
-    """Trace ``model`` into layers; raises ``TraceError`` naming the construct fx cannot follow."""
+    """Trace ``model`` into layers; raises ``TraceError`` naming the construct fx cannot follow.
+
+    The options returned with the traced model (``TracedModel.options``) name the output field
+    chosen, for the artifact to record.
+    """
     options = options or TraceOptions()
+    if options.frontend == "export":
+        from shared.tracer_export import export_module
+
+        module, field_name = export_module(model, options)
+        return _layers(module, options.model_copy(update={"output": field_name}), model, fold=True)
     tracer = _Tracer(options)
+    names = [e.name for e in options.example]
     with _explain(tracer, model):
-        graph = tracer.trace(model)
+        graph = tracer.trace(model, concrete_args=_concrete(model, names) if names else None)
+    field_name = _select_output(graph, options.output)
     module = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    return _layers(module, options.model_copy(update={"output": field_name}), model, fold=False)
+
+
+def _concrete(model: nn.Module, names: list[str]) -> dict[str, Any]:
+    """Keyword inputs: every other parameter of forward keeps its default while tracing."""
+    params = inspect.signature(model.forward).parameters
+    return {
+        k: p.default
+        for k, p in params.items()
+        if k not in names and p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
+    }
+
+
+def _select_output(graph: fx.Graph, field_name: str | None) -> str | None:
+    """Rewrite a dict output to the one field the loss reads; the field's name, or None."""
+    from shared.tracer_export import select_output
+
+    out = next(n for n in graph.nodes if n.op == "output")
+    value, chosen = select_output(out.args[0], field_name)
+    if chosen is not None:
+        out.args = (value,)
+        graph.eliminate_dead_code()
+    return chosen
+
+
+def _layers(module: fx.GraphModule, options: TraceOptions, model: nn.Module, fold: bool) -> TracedModel:
     layers: list[Layer] = []
     outputs: tuple[str, ...] = ()
     for node in module.graph.nodes:
         if node.op == "output":
             outputs = tuple(dict.fromkeys(n.name for n in node.all_input_nodes))
             continue
-        inputs = tuple(dict.fromkeys(n.name for n in node.all_input_nodes))
-        layers.append(Layer(node.name, OP_KIND[node.op], _target_name(node), inputs))
+        if fold and node.op == "get_attr":
+            continue  # a parameter, folded into the layers that read it
+        reads = list(dict.fromkeys(node.all_input_nodes))
+        inputs = tuple(n.name for n in reads if not (fold and n.op == "get_attr"))
+        params = tuple(n.name for n in reads if fold and n.op == "get_attr")
+        layers.append(Layer(node.name, OP_KIND[node.op], _target_name(node), inputs, params))
     if not any(layer.op != "input" for layer in layers):
         raise TraceError(
             f"model {type(model).__name__}: tracing found no layers (does forward use its input?)"
@@ -162,17 +273,27 @@ def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
     return TracedModel(module, layers, outputs, options)
 
 
-def parameter_bytes(traced: TracedModel, layer: Layer) -> int:
-    """Bytes of the parameters (and buffers) a layer owns."""
+def layer_tensors(traced: TracedModel, layer: Layer) -> list[torch.Tensor]:
+    """The parameters (and buffers) a layer owns: its module's, its get_attr's, or those folded into it."""
     if layer.op == "call_module":
         sub = traced.module.get_submodule(layer.target)
-        tensors = [*sub.parameters(), *sub.buffers()]
+        tensors: list[torch.Tensor] = [*sub.parameters(), *sub.buffers()]
     elif layer.op == "get_attr":
         value = _get_attr(traced.module, layer.target)
         tensors = [value] if isinstance(value, torch.Tensor) else []
     else:
         tensors = []
-    return sum(t.numel() * t.element_size() for t in tensors)
+    nodes = traced.fx_nodes() if layer.params else {}
+    for name in layer.params:
+        value = _get_attr(traced.module, str(nodes[name].target))
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+    return tensors
+
+
+def parameter_bytes(traced: TracedModel, layer: Layer) -> int:
+    """Bytes of the parameters (and buffers) a layer owns."""
+    return sum(t.numel() * t.element_size() for t in layer_tensors(traced, layer))
 
 
 def _get_attr(module: nn.Module, target: str) -> Any:

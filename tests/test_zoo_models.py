@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from pdprof.inputs import model_call, prepare
 from shared.resolve import cross_entropy, resolve_dataset, resolve_model
+from shared.spec import RunSpec
 from shared.tracer import trace
 from shared.zoo import registry
 
@@ -22,8 +26,8 @@ def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def paired_batch(name: str, n: int = 4) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """A batch of the model's paired dataset, matching the model's small arguments."""
+def paired_data(name: str, n: int = 4) -> Any:
+    """The model's paired dataset, matching the model's small arguments."""
     entry = registry.models()[name]
     args = {}
     if entry.dataset == "synthetic_images":
@@ -32,8 +36,12 @@ def paired_batch(name: str, n: int = 4) -> tuple[tuple[torch.Tensor, ...], torch
             "num_classes": entry.defaults["num_classes"],
             "size": n,
         }
-    data = resolve_dataset(f"zoo:{entry.dataset}", args)
-    x, y = next(iter(DataLoader(data, batch_size=n)))
+    return resolve_dataset(f"zoo:{entry.dataset}", args)
+
+
+def paired_batch(name: str, n: int = 4, data: Any = None) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """A batch of the model's paired dataset (or of ``data``: its samples as (inputs, target) pairs)."""
+    x, y = next(iter(DataLoader(paired_data(name, n) if data is None else data, batch_size=n)))
     return (tuple(x) if isinstance(x, (list, tuple)) else (x,)), y
 
 
@@ -70,12 +78,17 @@ def test_traced_module_computes_what_the_model_computes(name: str, mode: str) ->
     if "dropout" in args:
         args["dropout"] = 0.3  # so that training mode really draws dropout masks
     model = resolve_model(f"zoo:{name}", args).train(mode == "train")
-    inputs, _ = paired_batch(name)
-    traced = trace(model)  # default options: leaf modules and functions
+    # The options pdprof decides (keyword inputs, torch.export for Hugging Face models); default otherwise.
+    run = RunSpec(model=f"zoo:{name}", data=f"zoo:{registry.models()[name].dataset}")
+    spec, data = prepare(run, model, paired_data(name), 4)
+    inputs, _ = paired_batch(name, data=data)
+    traced = trace(model, spec.trace)
     assert any(layer.op == "call_module" for layer in traced.layers)
+    if spec.inputs is not None:
+        expected_call = model_call(model, spec)  # by keyword, the recorded output field
     with torch.no_grad():
         torch.manual_seed(1)
-        expected = model(*inputs)
+        expected = (expected_call if spec.inputs is not None else model)(*inputs)
         torch.manual_seed(1)  # the same dropout masks, drawn in the same order
         got = traced.module(*inputs)
     assert got.shape == expected.shape

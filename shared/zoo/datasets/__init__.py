@@ -1,3 +1,10 @@
 """The zoo's datasets; importing this package registers them all."""
 
-from shared.zoo.datasets import cmudict_g2p, pydoc_text, synthetic, tabular, video_captions  # noqa: F401
+from shared.zoo.datasets import (  # noqa: F401
+    cmudict_g2p,
+    pydoc_text,
+    pydoc_tokens,
+    synthetic,
+    tabular,
+    video_captions,
+)

@@ -1,3 +1,15 @@
 """The zoo's models; importing this package registers them all."""
 
-from shared.zoo.models import alexnet, gnmt, gpt, inception, resnet, s2vt, small, squeezenet, vgg  # noqa: F401
+from shared.zoo.models import (  # noqa: F401
+    alexnet,
+    encoder,
+    gnmt,
+    gpt,
+    hf,
+    inception,
+    resnet,
+    s2vt,
+    small,
+    squeezenet,
+    vgg,
+)

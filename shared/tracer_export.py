@@ -1,0 +1,278 @@
+"""The torch.export frontend of the tracer: a model fx cannot follow (Hugging Face) becomes module-sized layers.
+
+transformers' own fx tracer no longer follows its models (GPT-2 and Llama build their attention
+masks under ``vmap``; ``forward(..., **kwargs)`` defeats fx's argument handling), while
+``torch.export`` (non-strict) traces them as they come. Export yields a flat graph of aten ops;
+each op carries the module stack it ran in. So the ops are grouped into *runs*: consecutive ops
+of the same innermost module (``transformer.h.0.attn.c_attn``) become one layer, a small
+``fx.GraphModule`` called from the top graph, named after the module. A run never ends inside a
+``vmap`` region (its nesting calls change global state and must stay in one stage), and a
+``getitem`` stays with the op it unpacks.
+
+Parameters and buffers stay on the top graph as ``get_attr`` nodes under the model's own names
+(so a stage's state dict has the model's keys) and the very objects of the user's model: a
+weight read by two layers (GPT-2's token embedding and output projection) is one parameter
+object, read by whichever stages hold those layers. They are not layers; each is *folded* into
+the layers that read it (``Layer.params``). Train-mode ``aten.dropout`` becomes an
+``nn.Dropout`` of the run, so ``eval()`` turns it off as it would in the model.
+
+The graph is exported for the example inputs' shapes (``TraceOptions.example``: the profiled
+batch), which is the unit every stage runs, and on the CPU.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from shared.errors import TraceError
+from shared.fields import forward_parameters
+from shared.spec import TraceOptions
+
+RUNS = "runs"  # the top graph's attribute holding the runs' modules
+WRAPPER = "model"  # the attribute the user's model sits under during export: stripped from every name
+_ASSERTS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "_assert_async"}
+
+
+def select_output(output: Any, field: str | None) -> tuple[Any, str | None]:
+    """(the value the loss reads, the field it came from): ``field``, else ``logits``, else the first field."""
+    if isinstance(output, Mapping):
+        keys = [k for k, v in output.items() if v is not None]
+        name = field if field is not None else ("logits" if "logits" in keys else (keys[0] if keys else None))
+        if name is None or name not in output:
+            raise TraceError(
+                f"the model's output has no field {name!r} (it has {', '.join(map(str, keys)) or 'none'})"
+            )
+        return output[name], str(name)
+    return output, None
+
+
+class KeywordCall(nn.Module):
+    """``model(**dict(zip(names, args)))`` with the output the loss reads (and no cache or tuple output)."""
+
+    def __init__(self, model: nn.Module, names: list[str], field: str | None) -> None:
+        super().__init__()
+        self.model = model
+        self.names = list(names)
+        self.field = field
+        accepted = forward_parameters(model)
+        # Hugging Face: no key/value cache (a training step does not decode), a ModelOutput rather than a tuple.
+        self.fixed = {k: v for k, v in (("use_cache", False), ("return_dict", True)) if k in accepted}
+        # Export runs forward on a deep copy of this module; a function is not copied, so the
+        # field chosen there reaches us through the dict it closes over.
+        chosen: dict[str, str | None] = {"field": field}
+
+        def record(name: str | None) -> dict[str, str | None]:
+            if name is not None:
+                chosen["field"] = name
+            return chosen
+
+        self.record = record
+
+    @property
+    def chosen(self) -> str | None:
+        return self.record(None)["field"]
+
+    def forward(self, *args: Any) -> Any:
+        out = self.model(**dict(zip(self.names, args, strict=True)), **self.fixed)
+        value, name = select_output(out, self.field)
+        self.record(name)
+        return value
+
+
+def example_inputs(model: nn.Module, options: TraceOptions) -> tuple[torch.Tensor, ...]:
+    """Ones of the recorded shapes; floating inputs in the model's dtype (a float64 run exports in float64)."""
+    floating = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    out = []
+    for e in options.example:
+        dtype = getattr(torch, e.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise TraceError(f"trace.example: input {e.name!r} has dtype {e.dtype!r}, not a torch dtype")
+        out.append(torch.ones(e.shape, dtype=floating if dtype.is_floating_point else dtype))
+    return tuple(out)
+
+
+def _name_of(target: Any) -> str:
+    return str(getattr(target, "__name__", "") or getattr(target, "_opname", "") or target)
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    path = str(list(stack.values())[-1][0]) if stack else WRAPPER
+    return path[len(WRAPPER) + 1 :] if path.startswith(WRAPPER + ".") else ""
+
+
+def _runs(nodes: list[fx.Node]) -> list[list[fx.Node]]:
+    """Consecutive ops of one module, never cut inside a vmap region or between an op and its getitem."""
+    runs: list[list[fx.Node]] = []
+    depth = 0
+    for n in nodes:
+        name = _name_of(n.target)
+        joins = bool(runs) and (
+            depth > 0
+            or _module_path(n) == _module_path(runs[-1][0])
+            or (n.target is operator.getitem and n.args[0] in runs[-1])
+        )
+        if joins:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+        if name == "_vmap_increment_nesting":
+            depth += 1
+        elif name == "_vmap_decrement_nesting":
+            depth -= 1
+    return runs
+
+
+def _attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def export_module(model: nn.Module, options: TraceOptions) -> tuple[fx.GraphModule, str | None]:
+    """The model as a top graph of module runs (see the module's docstring) and the output field chosen."""
+    names = [e.name for e in options.example]
+    if not names:
+        raise TraceError("trace.example: the export frontend needs the example inputs' names and shapes")
+    call = KeywordCall(model, names, options.output)
+    was_training = model.training
+    model.train()
+    try:
+        exported = torch.export.export(call, example_inputs(model, options), strict=False)
+    except Exception as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise TraceError(
+            f"torch.export cannot trace {type(model).__name__}: {type(exc).__name__}: {first}"
+        ) from exc
+    finally:
+        model.train(was_training)
+    flat = exported.module()
+    return _regroup(flat, model, names), call.chosen
+
+
+def _regroup(flat: fx.GraphModule, model: nn.Module, names: list[str]) -> fx.GraphModule:
+    graph = flat.graph
+    keep: list[fx.Node] = []
+    for n in graph.nodes:
+        if n.op == "call_module" and str(n.target).startswith("_guards"):
+            continue  # export's input guard: the stages check their inputs' shapes themselves
+        if n.op == "call_function" and _name_of(n.target).split(".")[0] in _ASSERTS and not n.users:
+            continue
+        keep.append(n)
+    placeholders = [n for n in keep if n.op == "placeholder"]
+    params = [n for n in keep if n.op == "get_attr" and isinstance(_attr(flat, str(n.target)), torch.Tensor)]
+    ops = [n for n in keep if n.op in ("call_function", "call_method", "get_attr") and n not in params]
+    out_node = next(n for n in keep if n.op == "output")
+
+    top = fx.Graph()
+    root: dict[str, Any] = {}
+    env: dict[fx.Node, fx.Node] = {}
+    for n, name in zip(placeholders, names, strict=True):
+        env[n] = top.placeholder(name)
+    for n in params:
+        target = str(n.target)
+        own = target[len(WRAPPER) + 1 :] if target.startswith(WRAPPER + ".") else target
+        try:
+            value = _attr(model, own)  # the user's own parameter object: ties and checkpoints keep it
+        except AttributeError:
+            value = _attr(flat, target)
+            own = target.replace(".", "_")
+        root[own] = value
+        env[n] = top.get_attr(own)
+    for members in _runs([n for n in ops if n.op != "get_attr"]):
+        inside = set(members)
+        inputs = list(dict.fromkeys(a for m in members for a in m.all_input_nodes if a not in inside))
+        # get_attr of modules and constants (higher-order ops' graphs, pytree specs) go with the run.
+        consts = [a for a in inputs if a.op == "get_attr" and a not in env]
+        inputs = [a for a in inputs if a not in consts]
+        outputs = [m for m in members if any(u not in inside for u in m.users)]
+        sub, sub_root = _run_graph(members, inputs, consts, outputs, flat)
+        path = _module_path(members[0]).replace(".", "_") or members[0].name
+        node = top.create_node("call_module", RUNS, tuple(env[a] for a in inputs), name=path)
+        # The namespace made the name unique; the run's module sits under RUNS, apart from the
+        # model's own attributes (a run named ``transformer`` beside the parameters' ``transformer.``).
+        node.target = f"{RUNS}.{node.name}"
+        root[node.target] = fx.GraphModule(sub_root, sub, f"Run_{node.name}")
+        if len(outputs) <= 1:
+            env.update({o: node for o in outputs})
+        else:
+            for i, o in enumerate(outputs):
+                env[o] = top.create_node(
+                    "call_function", operator.getitem, (node, i), name=f"{node.name}_{i}"
+                )
+    result = fx.map_arg(out_node.args[0], lambda a: env[a])
+    if isinstance(result, (tuple, list)) and len(result) == 1:
+        result = result[0]
+    top.output(result)
+    top.lint()
+    return fx.GraphModule(root, top, type(model).__name__)
+
+
+class TrainOnlyAttention(nn.Module):
+    """``scaled_dot_product_attention`` whose dropout applies in training only, as in the model."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(
+        self, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, *args: Any, **kwargs: Any
+    ) -> Any:
+        p = self.p if self.training else 0.0  # the traced dropout_p is the train-mode one
+        return torch.ops.aten.scaled_dot_product_attention.default(q, k, v, attn_mask, p, *args, **kwargs)
+
+
+def _sdpa_dropout(node: fx.Node) -> float:
+    """The dropout probability an exported attention call was traced with (0 when none)."""
+    if node.target is not torch.ops.aten.scaled_dot_product_attention.default:
+        return 0.0
+    p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+    return float(p) if isinstance(p, (int, float)) else 0.0
+
+
+def _run_graph(
+    members: list[fx.Node],
+    inputs: list[fx.Node],
+    consts: list[fx.Node],
+    outputs: list[fx.Node],
+    flat: fx.GraphModule,
+) -> tuple[fx.Graph, dict[str, Any]]:
+    """One run as its own graph: the outside values as placeholders, its outputs returned."""
+    sub = fx.Graph()
+    root: dict[str, Any] = {}
+    env: dict[fx.Node, fx.Node] = {}
+    for a in inputs:
+        env[a] = sub.placeholder(a.name)
+    for c in consts:
+        root[str(c.target)] = _attr(flat, str(c.target))
+        env[c] = sub.get_attr(str(c.target))
+    dropouts = 0
+    for m in members:
+        if m.target is torch.ops.aten.dropout.default and len(m.args) == 3 and m.args[2] is True:
+            # Train-mode dropout as a module, so that eval() switches it off as in the model.
+            name = f"dropout_{dropouts}"
+            dropouts += 1
+            root[name] = nn.Dropout(float(m.args[1]))  # type: ignore[arg-type]
+            env[m] = sub.call_module(name, (env[m.args[0]],))  # type: ignore[index]
+            continue
+        p = _sdpa_dropout(m)
+        if p:
+            name = f"attention_{dropouts}"
+            dropouts += 1
+            root[name] = TrainOnlyAttention(p)
+            args = fx.map_arg(m.args, lambda a: env[a])
+            kwargs = fx.map_arg(m.kwargs, lambda a: env[a])
+            env[m] = sub.call_module(name, args, kwargs)
+            continue
+        env[m] = sub.node_copy(m, lambda a: env[a])
+    if len(outputs) <= 1:
+        sub.output(env[outputs[0]] if outputs else None)
+    else:
+        sub.output(tuple(env[o] for o in outputs))
+    return sub, root

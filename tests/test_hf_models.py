@@ -1,0 +1,173 @@
+"""Hugging Face transformers as they come: traced by torch.export, fed keyword inputs, pipelined.
+
+GPT-2, a Llama-style decoder and BERT, built from small configs with random weights, each go
+through ``pdprof | pdplan`` (2 stages) and pdrun with nothing but the model, the data and the
+loss named: 1f1b-flush ends with the parameters of one worker running the same plan (float64,
+1e-6) and asynchronous 1F1B lowers the loss. Until tied parameters sum their gradients across
+stages, the causal LMs are untied (``tie_word_embeddings=False``) in the pipelined runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pdprof.cli import main as pdprof_main
+from pdrun.partition import partition
+from pdrun.stage import build_stage
+from shared.errors import SpecError
+from shared.resolve import causal_lm, resolve_dataset, resolve_model
+from shared.spec import ExampleInput, TraceOptions
+from shared.tracer import trace
+from tests.pipeline_helpers import assert_1f1b_loss_falls, assert_pipeline_equals_one_worker, profile_and_plan
+
+transformers = pytest.importorskip("transformers")  # the dev install has it (setup.cfg: dev, hf)
+
+CASES = [
+    # model, dataset, loss, model arguments, a layer name every block has
+    ("zoo:hf_gpt2", "zoo:pydoc_tokens", "causal_lm", ("tie_word_embeddings=False",), "attn_c_attn"),
+    ("zoo:hf_llama", "zoo:pydoc_tokens", "causal_lm", ("tie_word_embeddings=False",), "self_attn_q_proj"),
+    ("zoo:hf_bert", "zoo:pydoc_lines", None, (), "attention_self_query"),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("model", "data", "loss", "args", "block"), CASES)
+def test_hugging_face_model_pipelines_as_one_worker_trains(
+    tmp_path: Path, model: str, data: str, loss: str | None, args: tuple[str, ...], block: str
+) -> None:
+    plan = profile_and_plan(tmp_path, model, data, loss=loss, args=args)
+    assert plan.spec.inputs == ["input_ids", "attention_mask"]
+    assert plan.spec.trace.frontend == "export" and plan.spec.trace.output == "logits"
+    # Blocks are layers of their own: the cut falls between two of the four, not around one node.
+    per_stage = [{n for n in stage.layers if n.endswith(block)} for stage in plan.stages]
+    assert all(per_stage) and sum(len(s) for s in per_stage) == 4, per_stage
+    assert_pipeline_equals_one_worker(plan)
+    assert_1f1b_loss_falls(plan)
+
+
+def _example(names: list[str], batch: int = 2, length: int = 16) -> TraceOptions:
+    return TraceOptions(
+        frontend="export", example=[ExampleInput(name=n, shape=[batch, length], dtype="int64") for n in names]
+    )
+
+
+def test_tied_embedding_stays_one_parameter_in_every_stage() -> None:
+    model = resolve_model("zoo:hf_gpt2", {"n_layer": 2})
+    assert model.lm_head.weight is model.transformer.wte.weight
+    traced = trace(model, _example(["input_ids", "attention_mask"]))
+    tied = [n for n in traced.module.graph.nodes if n.op == "get_attr" and n.target == "lm_head.weight"]
+    assert len(tied) == 1  # one node, read by the embedding's layer and the head's
+    readers = [layer.name for layer in traced.layers if tied[0].name in layer.params]
+    assert readers == ["transformer_wte", "lm_head"]
+    assert traced.module.get_parameter("lm_head.weight") is model.lm_head.weight
+    # Cut in two: each stage holds the user's parameter object itself (what identity detection needs).
+    from shared.plan import Plan, Stage
+
+    names = [layer.name for layer in traced.layers]
+    cut = names.index("transformer_h_1_ln_1")
+    plan = Plan(
+        graph_hash=traced.structure_hash(),
+        batch_size=2,
+        world_size=2,
+        stages=[Stage(layers=names[:cut], ranks=[0]), Stage(layers=names[cut:], ranks=[1])],
+    )
+    part = partition(traced, plan)
+    stages = [build_stage(traced, part, s) for s in range(2)]
+    assert all(s.module.get_parameter("lm_head.weight") is model.lm_head.weight for s in stages)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_exported_graph_computes_what_the_model_computes(mode: str) -> None:
+    torch.manual_seed(0)
+    model = resolve_model("zoo:hf_gpt2", {"n_layer": 2, "dropout": 0.3}).train(mode == "train")
+    traced = trace(model, _example(["input_ids", "attention_mask"]))
+    traced.module.train(mode == "train")
+    ids = torch.randint(0, 90, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, 12:] = 0
+    with torch.no_grad():
+        torch.manual_seed(1)
+        want = model(input_ids=ids, attention_mask=mask).logits
+        torch.manual_seed(1)  # the same dropout masks, drawn in the same order
+        got = traced.module(ids, mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_t5_encoder_decoder_traces() -> None:
+    config = transformers.T5Config(num_layers=2, d_model=32, num_heads=4, d_kv=8, d_ff=64, vocab_size=64)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    traced = trace(model, _example(["input_ids", "attention_mask", "decoder_input_ids"]))
+    assert traced.options.output == "logits"
+    assert any(layer.name.startswith("decoder_block_1") for layer in traced.layers)
+    ids = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=torch.ones_like(ids), decoder_input_ids=ids).logits
+        got = traced.module.eval()(ids, torch.ones_like(ids), ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_causal_lm_loss_is_what_transformers_computes() -> None:
+    model = resolve_model("zoo:hf_gpt2", {"n_layer": 1}).eval()
+    fields, labels = resolve_dataset("zoo:pydoc_tokens")[3]
+    ids, mask, labels = fields["input_ids"][None], fields["attention_mask"][None], labels[None]
+    assert (labels == -100).any()  # some padding, ignored by both
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(causal_lm(out.logits, labels), out.loss)
+
+
+def test_labels_equal_to_the_inputs_with_cross_entropy_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data.py"
+    data.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    ids = torch.randint(1, 90, (16, 12), generator=torch.Generator().manual_seed(0))\n"
+        "    return [{'input_ids': x, 'labels': x} for x in ids]\n"
+    )
+    res = CliRunner().invoke(
+        pdprof_main,
+        ["--model", "zoo:hf_gpt2", "--data", f"{data}:build", "--batch-size", "4", "--repeats", "1"],
+    )
+    assert res.exit_code == 2
+    assert "--loss causal_lm" in res.output and "'labels'" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_field_the_model_does_not_take_is_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data.py"
+    data.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    ids = torch.randint(1, 90, (16, 12), generator=torch.Generator().manual_seed(0))\n"
+        "    return [{'input_ids': x, 'pixels': x, 'label': x[0] % 3} for x in ids]\n"
+    )
+    res = CliRunner().invoke(
+        pdprof_main,
+        ["--model", "zoo:hf_bert", "--data", f"{data}:build", "--batch-size", "4", "--repeats", "1"],
+    )
+    assert res.exit_code == 2
+    assert "'pixels' is not an argument of BertForSequenceClassification.forward" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_dict_samples_map_to_keyword_inputs_in_forward_order(tmp_path: Path) -> None:
+    from pdprof.inputs import prepare
+    from shared.spec import RunSpec
+
+    model = resolve_model("zoo:hf_bert", {"num_hidden_layers": 1})
+    samples = [
+        {"attention_mask": torch.ones(8, dtype=torch.int64), "input_ids": torch.arange(8), "labels": 1}
+    ]
+    spec, data = prepare(RunSpec(model="zoo:hf_bert", data="x"), model, samples * 4, 2)
+    assert spec.inputs == ["input_ids", "attention_mask"] and spec.target == "labels"
+    (ids, _), label = data[0]
+    assert torch.equal(ids, torch.arange(8)) and label == 1
+    assert [e.name for e in spec.trace.example] == ["input_ids", "attention_mask"]
+    assert spec.trace.example[0].shape == [2, 8]
+    with pytest.raises(SpecError, match="no field 'attention_mask'"):
+        type(data)([{"input_ids": torch.arange(8), "labels": 1}], ["input_ids", "attention_mask"], "labels")[
+            0
+        ]
