@@ -48,7 +48,7 @@ class EncoderClassifier(nn.Module):
     "text classifier on torch.nn.TransformerEncoder (4 layers of 64 by default); pairs with zoo:pydoc_lines",
     "keyword input_ids, attention_mask int64 (N, T), T <= max_len; output (N, num_classes)",
     dataset="pydoc_lines",
-    defaults={},
+    defaults={"num_layers": 2, "d_model": 32},
 )
 def transformer_encoder(
     *,

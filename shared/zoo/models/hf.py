@@ -31,16 +31,13 @@ def _transformers(model: str) -> Any:
     return transformers
 
 
-SMALL = {"n_layer": 4, "n_embd": 64, "n_head": 4}
-
-
 @register_model(
     "hf_gpt2",
     "transformers' GPT2LMHeadModel from a GPT2Config (4 blocks of 64 by default); pairs with zoo:pydoc_tokens "
     "and --loss causal_lm",
     "keyword input_ids, attention_mask int64 (N, T), T <= n_positions; output logits (N, T, vocab_size)",
     dataset="pydoc_tokens",
-    defaults={},
+    defaults={"n_layer": 2, "n_embd": 32},
 )
 def hf_gpt2(
     *,
@@ -75,7 +72,7 @@ def hf_gpt2(
     "pairs with zoo:pydoc_tokens and --loss causal_lm",
     "keyword input_ids, attention_mask int64 (N, T); output logits (N, T, vocab_size)",
     dataset="pydoc_tokens",
-    defaults={},
+    defaults={"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64},
 )
 def hf_llama(
     *,
@@ -117,7 +114,7 @@ def hf_llama(
     "pairs with zoo:pydoc_lines",
     "keyword input_ids, attention_mask int64 (N, T); output logits (N, num_labels)",
     dataset="pydoc_lines",
-    defaults={},
+    defaults={"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64},
 )
 def hf_bert(
     *,
