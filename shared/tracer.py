@@ -222,6 +222,11 @@ def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
 
         module, field_name = export_module(model, options)
         return _layers(module, options.model_copy(update={"output": field_name}), model, fold=True)
+    if is_hugging_face(model):
+        raise TraceError(
+            f"{type(model).__name__} is a Hugging Face model: it is traced with torch.export for given "
+            "inputs (TraceOptions frontend='export' and example, which pdprof sets from the dataset)"
+        )
     tracer = _Tracer(options)
     names = [e.name for e in options.example]
     with _explain(tracer, model):

@@ -17,11 +17,13 @@ the layers that read it (``Layer.params``). Train-mode ``aten.dropout`` becomes 
 ``nn.Dropout`` of the run, so ``eval()`` turns it off as it would in the model.
 
 The graph is exported for the example inputs' shapes (``TraceOptions.example``: the profiled
-batch), which is the unit every stage runs, and on the CPU.
+batch), which is the unit every stage runs, on the CPU and in float32 (a float64 run gets the
+same graph with its float32 constants set to float64; see [Note: export in float32]).
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +35,7 @@ from shared.errors import TraceError
 from shared.fields import forward_parameters
 from shared.spec import TraceOptions
 
+EXPORT_DTYPE = torch.float32  # see [Note: export in float32]
 RUNS = "runs"  # the top graph's attribute holding the runs' modules
 WRAPPER = "model"  # the attribute the user's model sits under during export: stripped from every name
 _ASSERTS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "_assert_async"}
@@ -86,7 +89,7 @@ class KeywordCall(nn.Module):
 
 def example_inputs(model: nn.Module, options: TraceOptions) -> tuple[torch.Tensor, ...]:
     """Ones of the recorded shapes; floating inputs in the model's dtype (a float64 run exports in float64)."""
-    floating = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    floating = _floating_dtype(model)
     out = []
     for e in options.example:
         dtype = getattr(torch, e.dtype, None)
@@ -140,23 +143,50 @@ def export_module(model: nn.Module, options: TraceOptions) -> tuple[fx.GraphModu
     names = [e.name for e in options.example]
     if not names:
         raise TraceError("trace.example: the export frontend needs the example inputs' names and shapes")
-    call = KeywordCall(model, names, options.output)
-    was_training = model.training
-    model.train()
+    run_dtype = _floating_dtype(model)
+    # [Note: export in float32] The graph's data flow depends on the dtype it was exported in: a
+    # ``.to(torch.float32)`` (Llama's RMSNorm) is the tensor itself in float32 and a copy in float64,
+    # and export follows the tensor, so a float64 export of Llama has other edges than a float32 one
+    # and pdrun's float64 stages would not match pdprof's float32 graph. So a float32 copy of the
+    # model is exported, always, and the graph's float32 constants are set to the run's dtype; the
+    # parameters the graph reads are the model's own (``_regroup`` looks them up by name).
+    subject = model if run_dtype == EXPORT_DTYPE else copy.deepcopy(model).to(EXPORT_DTYPE)
+    call = KeywordCall(subject, names, options.output)
+    was_training = subject.training
+    subject.train()
     try:
-        exported = torch.export.export(call, example_inputs(model, options), strict=False)
+        exported = torch.export.export(call, example_inputs(subject, options), strict=False)
     except Exception as exc:
         first = " ".join(str(exc).split())[:300]
         raise TraceError(
             f"torch.export cannot trace {type(model).__name__}: {type(exc).__name__}: {first}"
         ) from exc
     finally:
-        model.train(was_training)
+        subject.train(was_training)
     flat = exported.module()
+    if run_dtype != EXPORT_DTYPE:
+        _set_dtype(flat, run_dtype)
     return _regroup(flat, model, names), call.chosen
 
 
+def _set_dtype(flat: fx.GraphModule, dtype: torch.dtype) -> None:
+    """Every float32 constant of the graph, and of the graphs its higher-order ops call, becomes ``dtype``."""
+    for gm in flat.modules():
+        if not isinstance(gm, fx.GraphModule):
+            continue
+        for n in gm.graph.nodes:
+            n.args = fx.node.map_aggregate(n.args, lambda a: dtype if a is EXPORT_DTYPE else a)
+            n.kwargs = fx.node.map_aggregate(n.kwargs, lambda a: dtype if a is EXPORT_DTYPE else a)
+        if gm is not flat:
+            gm.recompile()
+
+
+def _floating_dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), EXPORT_DTYPE)
+
+
 def _regroup(flat: fx.GraphModule, model: nn.Module, names: list[str]) -> fx.GraphModule:
+    """The exported flat graph as placeholders, parameters (get_attr) and one call per run of ops."""
     graph = flat.graph
     keep: list[fx.Node] = []
     for n in graph.nodes:
@@ -167,7 +197,7 @@ def _regroup(flat: fx.GraphModule, model: nn.Module, names: list[str]) -> fx.Gra
         keep.append(n)
     placeholders = [n for n in keep if n.op == "placeholder"]
     params = [n for n in keep if n.op == "get_attr" and isinstance(_attr(flat, str(n.target)), torch.Tensor)]
-    ops = [n for n in keep if n.op in ("call_function", "call_method", "get_attr") and n not in params]
+    ops = [n for n in keep if n.op in ("call_function", "call_method")]
     out_node = next(n for n in keep if n.op == "output")
 
     top = fx.Graph()
@@ -185,7 +215,7 @@ def _regroup(flat: fx.GraphModule, model: nn.Module, names: list[str]) -> fx.Gra
             own = target.replace(".", "_")
         root[own] = value
         env[n] = top.get_attr(own)
-    for members in _runs([n for n in ops if n.op != "get_attr"]):
+    for members in _runs(ops):
         inside = set(members)
         inputs = list(dict.fromkeys(a for m in members for a in m.all_input_nodes if a not in inside))
         # get_attr of modules and constants (higher-order ops' graphs, pytree specs) go with the run.

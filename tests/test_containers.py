@@ -38,7 +38,15 @@ def test_transformer_encoder_opens_into_its_layers(mode: str) -> None:
     model.train(mode == "train")
     traced = trace(model, spec.trace)
     modules = [layer.target for layer in traced.layers if layer.op == "call_module"]
-    assert modules == ["embed", "pos", "encoder.layers.0", "encoder.layers.1", "encoder.layers.2", "encoder.norm", "head"]
+    assert modules == [
+        "embed",
+        "pos",
+        "encoder.layers.0",
+        "encoder.layers.1",
+        "encoder.layers.2",
+        "encoder.norm",
+        "head",
+    ]
     with torch.no_grad():
         want = model_call(model, spec)(*inputs)
         got = traced.module.train(mode == "train")(*inputs)
@@ -77,7 +85,15 @@ def test_decoder_sequential_and_module_list_open() -> None:
     model = Seq2Seq()
     traced = trace(model, TraceOptions())
     modules = [layer.target for layer in traced.layers if layer.op == "call_module"]
-    assert modules == ["stem.0", "stem.1", "stem.2", "decoder.layers.0", "decoder.layers.1", "heads.0", "heads.1"]
+    assert modules == [
+        "stem.0",
+        "stem.1",
+        "stem.2",
+        "decoder.layers.0",
+        "decoder.layers.1",
+        "heads.0",
+        "heads.1",
+    ]
     tgt, src = torch.randn(2, 5, 16), torch.randn(2, 7, 8)
     torch.testing.assert_close(traced.module(tgt, src), model(tgt, src), rtol=1e-6, atol=1e-6)
     closed = trace(model, TraceOptions(leaf_modules=["TransformerDecoder"]))

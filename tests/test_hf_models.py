@@ -171,3 +171,22 @@ def test_dict_samples_map_to_keyword_inputs_in_forward_order(tmp_path: Path) -> 
         type(data)([{"input_ids": torch.arange(8), "labels": 1}], ["input_ids", "attention_mask"], "labels")[
             0
         ]
+
+
+def test_a_float64_run_traces_the_graph_pdprof_profiled_in_float32() -> None:
+    # Llama's RMSNorm casts to float32 and back: exported in float64 the graph would have other edges.
+    options = _example(["input_ids", "attention_mask"])
+    torch.manual_seed(0)
+    profiled = trace(resolve_model("zoo:hf_llama", {"num_hidden_layers": 1}), options)
+    torch.manual_seed(0)
+    model = resolve_model("zoo:hf_llama", {"num_hidden_layers": 1}).to(torch.float64)
+    run = trace(model, options)
+    assert run.structure_hash() == profiled.structure_hash()
+    assert run.module.get_parameter("lm_head.weight") is model.lm_head.weight  # the run's own, in float64
+    ids = torch.randint(0, 90, (2, 16))
+    with torch.no_grad():
+        got = run.module(ids, torch.ones_like(ids))
+        want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert got.dtype == torch.float64
+    # The model itself rounds to float32 inside RMSNorm; the float64 graph does not.
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -153,7 +153,7 @@ def test_zoo_dataset() -> None:
         ("model", "build", {}, "expected zoo:NAME, package.module:callable or path/to/file.py:callable"),
         ("dataset", "zoo:synthetic", {"size": -1}, "with {'size': -1}: ValueError: size must be at least 1"),
         ("dataset", "math:sqrt", {}, "missing a required argument"),
-        ("loss", "hinge", {}, "expected cross_entropy, mse or a callable spec"),
+        ("loss", "hinge", {}, "expected cross_entropy, causal_lm, mse or a callable spec"),
         ("loss", "torch.nn:Linear", {}, "Linear() failed: TypeError"),
         ("loss", "collections:OrderedDict", {}, "OrderedDict() gave OrderedDict, expected a callable loss"),
     ],
