@@ -76,10 +76,13 @@ def _read_parameters(module: nn.Module, node: fx.Node) -> Iterator[tuple[str, nn
 def find_ties(traced: TracedModel, part: Partition) -> list[Tie]:
     """Every parameter that layers of more than one stage read, in the order the model first reads them."""
     nodes = traced.fx_nodes()
+    # The export frontend folds a layer's parameters into it (Layer.params: get_attr nodes it reads).
+    folded = {layer.name: layer.params for layer in traced.layers}
     held: dict[int, dict[int, list[str]]] = {}  # id(parameter) -> stage -> names
     for s, layers in enumerate(part.layers):
         for layer in layers:
-            for name, p in _read_parameters(traced.module, nodes[layer]):
+            reads = [nodes[layer], *(nodes[p] for p in folded.get(layer, ()))]
+            for name, p in (pair for node in reads for pair in _read_parameters(traced.module, node)):
                 names = held.setdefault(id(p), {}).setdefault(s, [])
                 if name not in names:
                     names.append(name)
