@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdplan.antichain import (
     StateSpace,
@@ -23,12 +23,13 @@ from pdplan.antichain import _space as pairless_space
 from pdplan.chain import chain_work
 from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
 from pdplan.hierarchy import plan_levels
+from pdplan.memory import OPTIMIZER_STATE, held_units, stage_memory
 from pdplan.partition import LevelSpec
 from pdplan.problem import Problem, compress_series, prepare_layers
 from pdplan.statecount import pipedream_states
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
-from shared.plan import Cluster, Level, Plan, Prediction, Schedule, Stage, StagePrediction
+from shared.plan import SCHEDULES, Cluster, Level, Plan, Prediction, Stage, StagePrediction
 
 # pipedream: ../shared/DESIGN.md's model, activations and gradients crossing a cut charged
 # (2 O / (B r)); pipedream-compute: the paper's optimizer as it runs by default (without
@@ -46,8 +47,9 @@ class PlanConfig:
     blocking_sends: bool = False  # a send keeps its worker busy for the transfer (the simulation only)
     memory: float | None = None
     straight: bool = False
-    schedule: Schedule = "1f1b"
+    schedule: str = "1f1b"  # or "auto": pdplan.auto's search over partitions, schedules and M
     microbatches: int | None = None
+    optimizer: str = "sgd"  # sgd, momentum or adam: its state in the memory model
     cost_model: str = "pipedream"
     max_states: int = 500_000
     max_pairs: int = 4_000_000
@@ -63,6 +65,14 @@ class PlanConfig:
             raise UserError(
                 f"--workers has {len(self.workers)} level(s) but --bandwidth has {len(self.bandwidths)}; "
                 "give one bandwidth per level, innermost first (e.g. --workers 4,2 --bandwidth 1e10,1e9)"
+            )
+        if self.schedule not in (*SCHEDULES, "auto"):
+            raise UserError(
+                f"--schedule: unknown {self.schedule!r}; expected auto or one of {', '.join(SCHEDULES)}"
+            )
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise UserError(
+                f"--optimizer: unknown {self.optimizer!r}; expected one of {', '.join(OPTIMIZER_STATE)}"
             )
         if self.cost_model not in COST_MODELS:
             raise UserError(
@@ -139,46 +149,118 @@ def _is_chain(problem: Problem) -> bool:
     return one_source and all(len(s) <= 1 for s in problem.succs) and all(len(p) <= 1 for p in problem.preds)
 
 
-def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
-    """Partition ``graph`` for ``config``'s cluster with PipeDream's optimizer."""
+@dataclass(frozen=True)
+class Partition:
+    """Stages as problem nodes in pipeline order, with the ranks of each, and the DP's answer."""
+
+    problem: Problem
+    stage_nodes: list[list[int]]
+    ranks: list[list[int]]
+    time_s: float | None = None  # the DP's T(last, N); None: recost the stages
+    states: int | None = None
+    search: str | None = None
+    antichain_states: int | None = None
+
+
+def dp_partition(graph: LayerGraph, config: PlanConfig) -> Partition:
+    """PipeDream's optimizer: the DP's best partition for ``config``'s cluster (the paper's memory rule)."""
     levels = config.levels()
-    began = time.perf_counter()
     base = prepare_layers(graph)
     # The exact size of PipeDream's state space, reported beside the states searched and used to
     # choose them: counted by a frontier DP (statecount.py, ~1.3 s for NASNet-Large's 5.8e12),
     # never enumerated; None past its budget.
     total_states = pipedream_states(base)
     problem, space = _space(base, config, total_states)
-    transfers = config.cost_model != "pipedream-compute"
-    if not transfers:
+    if config.cost_model == "pipedream-compute":
         space.output_bytes[:] = 0.0
     solution = plan_levels(space, level_specs(config, levels))
     if solution is None:
-        raise PlanError(_no_plan(config, problem))
-    solve_s = time.perf_counter() - began
+        raise PlanError(_no_plan(config, problem, graph))
     # Problem nodes of each stage (the state range's new nodes), in pipeline order.
     stage_nodes: list[list[int]] = []
     for st in solution.stages:
         before = space.masks[st.start] if st.start >= 0 else 0
         new = space.masks[st.end] & ~before
         stage_nodes.append([v for v in range(problem.size) if new >> v & 1])
-    stage_ranks = [list(st.ranks) for st in solution.stages]
+    return Partition(
+        problem,
+        stage_nodes,
+        [list(st.ranks) for st in solution.stages],
+        solution.time_s,
+        space.size,
+        space.search,
+        total_states,
+    )
+
+
+def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
+    """Partition ``graph`` for ``config``'s cluster: PipeDream's optimizer, or the schedule search (auto)."""
+    if config.schedule == "auto":
+        from pdplan.auto import auto_plan  # auto builds on this module's DP and assembly
+
+        return auto_plan(graph, config)
+    began = time.perf_counter()
+    part = dp_partition(graph, config)
+    stages = len(part.stage_nodes)
+    microbatches = config.microbatches or (1 if config.schedule == "1f1b" else stages)
+    plan = assemble(graph, config, part, config.schedule, microbatches)
+    plan = plan.model_copy(
+        update={"predicted": plan.predicted.model_copy(update={"solve_s": time.perf_counter() - began})}  # type: ignore[union-attr]
+    )
+    if config.memory is not None:
+        # The DP bounds memory by the paper's rule; every stage must also fit the full model.
+        over = over_memory(plan, config.memory)
+        if over is not None:
+            raise PlanError(over + "; raise --memory, add workers, or let pdplan search (--schedule auto)")
+    return plan
+
+
+def over_memory(plan: Plan, limit: float) -> str | None:
+    """One line naming the stage of ``plan`` that needs more than ``limit`` bytes, or None if all fit."""
+    for s, stage in enumerate(plan.stages):
+        pred = stage.predicted
+        if pred is not None and pred.memory is not None and pred.memory.total_bytes > limit:
+            return f"graph: no plan fits --memory {limit:g} bytes per worker: {memory_text(plan, s)}"
+    return None
+
+
+def memory_text(plan: Plan, s: int) -> str:
+    """``stage 1 of the 1f1b plan (2 stages) needs 33.2 MB (weights 2 x 11.1 MB, ...)``."""
+    pred = plan.stages[s].predicted
+    assert pred is not None and pred.memory is not None
+    m = pred.memory
+    mb = 1e6
+    return (
+        f"stage {s} of the {plan.schedule} plan ({len(plan.stages)} stages, M={plan.microbatches}) needs "
+        f"{m.total_bytes / mb:.3g} MB (weights {m.weight_versions} x {m.weight_bytes / m.weight_versions / mb:.3g} MB, "
+        f"gradients {m.gradient_bytes / mb:.3g} MB, optimizer {m.optimizer_bytes / mb:.3g} MB, activations "
+        f"{m.units_held} units {m.activation_bytes / mb:.3g} MB)"
+    )
+
+
+def assemble(
+    graph: LayerGraph, config: PlanConfig, part: Partition, schedule: str, microbatches: int
+) -> Plan:
+    """The plan of ``part``'s stages under ``schedule``: the paper's costs and the memory model per stage."""
+    levels = config.levels()
+    problem = part.problem
+    stage_nodes, stage_ranks = part.stage_nodes, part.ranks
+    transfers = config.cost_model != "pipedream-compute"
     costs = stage_costs(problem, stage_nodes, stage_ranks, levels, transfers=transfers)
-    layers = _stage_layers(graph, problem, space, stage_nodes)
+    layers = _stage_layers(graph, problem, stage_nodes)
     stages = [
         Stage(layers=ls, replicas=len(rk), ranks=rk, predicted=_stage_prediction(c))
         for ls, rk, c in zip(layers, stage_ranks, costs, strict=True)
     ]
-    total_c = float(space.compute_s[space.last])
-    total_p = float(space.parameter_bytes[space.last])
+    total_c = sum(problem.compute_s)
+    total_p = sum(problem.parameter_bytes)
     dp_time = data_parallel_time(total_c, total_p, levels)
     workers = math.prod(config.workers)
-    microbatches = config.microbatches or (1 if config.schedule == "1f1b" else len(stages))
     comm_bytes = sum(2.0 * o for o in cut_sizes(problem, stage_nodes)) + sum(
         4.0 * (len(rk) - 1) * c.parameter_bytes / len(rk) for rk, c in zip(stage_ranks, costs, strict=True)
     )
     bottleneck = max(range(len(costs)), key=lambda i: costs[i].bound_s)
-    t = solution.time_s
+    t = part.time_s if part.time_s is not None else costs[bottleneck].bound_s
     predicted = Prediction(
         time_per_minibatch_s=t,
         throughput_samples_per_s=graph.batch_size / t if t > 0 else None,
@@ -192,18 +274,17 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         / workers
         / graph.batch_size,
         speedup_over_data_parallel=dp_time / t if t > 0 else None,
-        states=space.size,
-        search=space.search,
-        solve_s=solve_s,
-        antichain_states=total_states,
+        states=part.states,
+        search=part.search,
+        antichain_states=part.antichain_states,
     )
-    return Plan(
+    plan = Plan(
         graph_hash=graph.structure_hash(),
         graph_source=graph.source,
         spec=graph.spec,
         batch_size=graph.batch_size,
         input_shape=graph.input_shape,
-        schedule=config.schedule,
+        schedule=schedule,
         microbatches=microbatches,
         in_flight=math.ceil(workers / stages[0].replicas),
         world_size=workers,
@@ -213,13 +294,29 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
             straight=config.straight,
             cost_model=config.cost_model,
             blocking_sends=config.blocking_sends,
+            optimizer=config.optimizer,
+            schedule_search="auto" if config.schedule == "auto" else "given",
         ),
         stages=stages,
         predicted=predicted,
     )
+    return with_memory(plan, graph)
 
 
-def _no_plan(config: PlanConfig, problem: Problem) -> str:
+def with_memory(plan: Plan, graph: LayerGraph) -> Plan:
+    """``plan`` with the memory model's figures in every stage's prediction (``pdplan.memory``)."""
+    optimizer = plan.cluster.optimizer if plan.cluster is not None else "sgd"
+    parts = stage_memory(graph, plan, optimizer, held_units(plan))
+    stages = []
+    for stage, m in zip(plan.stages, parts, strict=True):
+        pred = stage.predicted or StagePrediction(compute_s=0, time_s=0)
+        paper = pred.paper_memory_bytes if pred.paper_memory_bytes is not None else pred.memory_bytes
+        update = {"memory": m, "memory_bytes": m.total_bytes, "paper_memory_bytes": paper}
+        stages.append(stage.model_copy(update={"predicted": pred.model_copy(update=update)}))
+    return plan.model_copy(update={"stages": stages})
+
+
+def _no_plan(config: PlanConfig, problem: Problem, graph: LayerGraph) -> str:
     workers = math.prod(config.workers)
     if config.straight and problem.size < max(config.workers):
         return (
@@ -227,9 +324,12 @@ def _no_plan(config: PlanConfig, problem: Problem) -> str:
             f"own stage, but the graph has only {problem.size} layers to split; use fewer workers or drop --straight"
         )
     if config.memory is not None:
+        # Name what the plan without the limit needs on its largest stage.
+        free = make_plan(graph, replace(config, memory=None))
+        worst = max(range(len(free.stages)), key=lambda s: free.stages[s].predicted.memory_bytes)  # type: ignore[union-attr]
         return (
-            f"graph: no plan fits: with --memory {config.memory:g} bytes per worker no stage layout on "
-            f"{workers} workers keeps its stashed activations and weights in memory; raise --memory or add workers"
+            f"graph: no plan fits --memory {config.memory:g} bytes per worker on {workers} workers (PipeDream's "
+            f"rule, ceil(W_after / r) x (activations + parameters)); without the limit, {memory_text(free, worst)}"
         )
     return f"graph: no plan fits {workers} workers (levels {list(config.workers)}) with these options"
 
@@ -243,12 +343,11 @@ def _stage_prediction(c: StageCost) -> StagePrediction:
         parameter_bytes=c.parameter_bytes,
         activation_bytes=c.activation_bytes,
         memory_bytes=c.memory_bytes,
+        paper_memory_bytes=c.memory_bytes,
     )
 
 
-def _stage_layers(
-    graph: LayerGraph, problem: Problem, space: StateSpace, stage_nodes: list[list[int]]
-) -> list[list[str]]:
+def _stage_layers(graph: LayerGraph, problem: Problem, stage_nodes: list[list[int]]) -> list[list[str]]:
     """Graph layer ids of each stage, in the graph's order; set-aside nodes put back."""
     owner: dict[str, int] = {}
     for s, nodes in enumerate(stage_nodes):

@@ -51,10 +51,12 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
 @click.option("--straight", is_flag=True, help="One replica per stage (no data parallelism inside a stage).")
 @click.option(
     "--schedule",
-    type=click.Choice(SCHEDULES),
-    default="1f1b",
+    type=click.Choice(("auto", *SCHEDULES)),
+    default="auto",
     show_default=True,
-    help="The schedule pdrun runs; recorded in the plan.",
+    help="The schedule pdrun runs; recorded in the plan. auto: simulate the DP's partitions under every "
+    "schedule and microbatch count and keep the fastest that fits --memory; a named schedule: PipeDream's "
+    "optimizer's partition, exactly.",
 )
 @click.option(
     "--microbatches",
@@ -62,7 +64,7 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     default=None,
     metavar="M",
     help="Units per optimizer step (default: 1 for 1f1b, the number of stages for flush schedules, "
-    "the units in flight for 2bw).",
+    "the units in flight for 2bw; auto tries a range unless given).",
 )
 @click.option(
     "--virtual-stages",
@@ -70,6 +72,14 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     default=None,
     metavar="V",
     help="interleaved-1f1b: model chunks per worker (default 2); the plan holds V x workers chunks.",
+)
+@click.option(
+    "--optimizer",
+    type=click.Choice(("sgd", "momentum", "adam")),
+    default="sgd",
+    show_default=True,
+    help="The optimizer pdrun will run (pdrun --optimizer; momentum: SGD with --momentum): its state "
+    "per parameter (0, 1 or 2 copies) counts in each stage's predicted memory.",
 )
 @click.option(
     "--cost-model",
@@ -114,6 +124,7 @@ def plan(
     schedule: str,
     microbatches: int | None,
     virtual_stages: int | None,
+    optimizer: str,
     cost_model: str,
     latency: str | None,
     blocking_sends: str,
@@ -144,8 +155,9 @@ def plan(
         bandwidths=tuple(float(b) for b in _numbers(bandwidth, "--bandwidth", float)),
         memory=memory,
         straight=straight,
-        schedule=schedule,  # type: ignore[arg-type]
+        schedule=schedule,
         microbatches=microbatches,
+        optimizer=optimizer,
         cost_model=cost_model,
         max_states=max_states,
         latencies=None if latency is None else tuple(float(s) for s in _numbers(latency, "--latency", float)),
@@ -159,7 +171,10 @@ def plan(
     speedup = f"{pred.speedup_over_data_parallel:.2f}x" if pred.speedup_over_data_parallel else "n/a"
     say(
         f"pdplan: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
-        f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; "
+        f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; {p.schedule}"
+        + (f" M={p.microbatches}" if p.schedule != "1f1b" else "")
+        + (f" (auto, of {len(p.alternatives)} best candidates)" if p.alternatives else "")
+        + f", peak {max(s.predicted.memory_bytes for s in p.stages if s.predicted) / 1e6:.3g} MB/worker; "
         + search_text(pred)
         + simulated_text(pred, "; ")
         + (f" -> {out}" if out else "")

@@ -42,6 +42,8 @@ def with_simulation(plan: Plan, graph: LayerGraph) -> Plan:
     """``plan`` with its schedule's simulated time per minibatch (``pdplan.schedule_sim``)."""
     if plan.predicted is None or plan.cluster is None:
         return plan
+    if plan.alternatives:
+        return plan  # the schedule search simulated it already
     sim = simulate_plan(graph, plan)
     # The bubble is 1 - busy / total: clamp the float rounding of a bubble-free schedule (-5e-17).
     bubble = min(1.0, max(0.0, sim.bubble))

@@ -46,6 +46,7 @@ from shared.simulate import Costs, simulate
 
 # Units simulated: enough steps that the quartile window of shared.simulate is steady state.
 MIN_STEPS = 16
+FLUSH_STEPS = 8
 MAX_UNITS = 4096
 
 
@@ -137,19 +138,23 @@ def span_latency(levels: Sequence[Level], ranks: Sequence[int]) -> float:
     return latency
 
 
-def _units(plan: Plan) -> int:
+def _units(plan: Plan, min_steps: int = MIN_STEPS) -> int:
     replicas = [s.replicas for s in plan.stages]
     period = math.lcm(*replicas, plan.microbatches)
     per_step = plan.microbatches if plan.schedule != "1f1b" else 1
-    wanted = max(MIN_STEPS * per_step, 4 * len(plan.stages) * max(replicas), 4 * plan.in_flight)
+    wanted = max(min_steps * per_step, 4 * len(plan.stages) * max(replicas), 4 * plan.in_flight)
     units = -(-wanted // period) * period
     return min(units, max(period, MAX_UNITS // period * period))
 
 
 def simulate_plan(graph: LayerGraph, plan: Plan) -> ScheduleFigures:
-    """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster)."""
+    """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster).
+
+    A flushing schedule drains at every step, so its steps repeat exactly: a few of them give
+    the steady state (the quartile window of ``shared.simulate`` then spans whole steps).
+    """
     costs, stage_edges = schedule_costs(graph, plan)
-    units = _units(plan)
+    units = _units(plan, MIN_STEPS if plan.schedule in ("1f1b", "2bw") else FLUSH_STEPS)
     workers = len(plan.stages) // plan.virtual_stages
     program = build_program(
         plan.schedule,

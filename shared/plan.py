@@ -49,6 +49,13 @@ class Cluster(Strict):
         default=False,
         description="a send keeps its worker busy for the transfer (the schedule simulation only)",
     )
+    # The memory model and the schedule search (pdplan.memory, pdplan.auto).
+    optimizer: Literal["sgd", "momentum", "adam"] = Field(
+        default="sgd", description="the optimizer whose state the memory model counts (pdrun --optimizer)"
+    )
+    schedule_search: Literal["given", "auto"] = Field(
+        default="given", description="auto: the schedule and microbatches were chosen by simulation"
+    )
 
     @property
     def workers(self) -> int:
@@ -56,6 +63,18 @@ class Cluster(Strict):
         for level in self.levels:
             total *= level.workers
         return total
+
+
+class StageMemory(Strict):
+    """The memory model's parts for one worker of a stage, at its peak (``pdplan.memory``)."""
+
+    weight_bytes: float = Field(ge=0, description="the live weights and every stashed version")
+    weight_versions: int = Field(ge=1)
+    gradient_bytes: float = Field(ge=0)
+    optimizer_bytes: float = Field(ge=0, description="optimizer state (momentum, Adam's moments)")
+    activation_bytes: float = Field(ge=0, description="saved for backward, times the units held")
+    units_held: int = Field(ge=0, description="most units forwarded and not yet backwarded at once")
+    total_bytes: float = Field(ge=0)
 
 
 class StagePrediction(Strict):
@@ -67,7 +86,15 @@ class StagePrediction(Strict):
     time_s: float = Field(ge=0, description="its effective time per minibatch, replicas counted")
     parameter_bytes: float = Field(default=0, ge=0)
     activation_bytes: float = Field(default=0, ge=0)
-    memory_bytes: float = Field(default=0, ge=0, description="weights, stashed versions and activations")
+    memory_bytes: float = Field(
+        default=0,
+        ge=0,
+        description="peak bytes per worker: memory.total_bytes (the paper's figure in old plans)",
+    )
+    paper_memory_bytes: float | None = Field(
+        default=None, ge=0, description="PipeDream's constraint's figure, ceil(W_after / r) x (a + p)"
+    )
+    memory: StageMemory | None = None
 
 
 class Stage(Strict):
@@ -113,6 +140,19 @@ class Prediction(Strict):
     )
 
 
+class Alternative(Strict):
+    """One candidate the schedule search simulated (``pdplan --schedule auto``)."""
+
+    schedule: Schedule
+    microbatches: int = Field(ge=1)
+    replicas: list[int] = Field(min_length=1, description="replicas of each stage")
+    stage_layers: list[int] = Field(min_length=1, description="how many layers each stage holds")
+    simulated_time_per_minibatch_s: float = Field(ge=0)
+    simulated_bubble: float = Field(ge=0, le=1)
+    memory_bytes: float = Field(ge=0, description="the largest stage's peak bytes per worker")
+    fits: bool = Field(default=True, description="within --memory")
+
+
 class Plan(Strict):
     """The ``pdplan.plan/1`` artifact."""
 
@@ -137,6 +177,9 @@ class Plan(Strict):
     cluster: Cluster | None = None
     stages: list[Stage] = Field(min_length=1)
     predicted: Prediction | None = None
+    alternatives: list[Alternative] = Field(
+        default_factory=list, description="the schedule search's best candidates, fastest first (auto)"
+    )
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Plan:

@@ -1,0 +1,421 @@
+"""The schedule search (``pdplan --schedule auto``): the fastest simulated plan that fits memory.
+
+PipeDream's DP minimises the paper's cost (``pdplan.costs``): the bottleneck stage's time,
+with no pipeline fill, drain or flush, no optimizer step and no wait for a message. The
+schedule pdrun runs pays all of these, so a partition the DP ranks second may run faster.
+Here the DP proposes partitions and the simulator (``pdplan.schedule_sim``, the same
+instruction lists pdrun executes) chooses among partition x schedule x microbatches:
+
+- partitions: on a small graph every one (every chain of downsets, every split of the
+  workers among its stages); otherwise the DP's best under each cost model and at
+  bandwidths scaled down (which favours fewer and cheaper cuts), and balanced splits of a
+  topological order into k stages of N / k replicas each, for every k dividing N;
+- schedules: ``1f1b``, ``1f1b-flush`` and ``gpipe``, the flush schedules at every M of
+  :func:`microbatch_range` (or only ``--microbatches M`` when given);
+- memory: every stage of a candidate must fit ``--memory`` by the full memory model
+  (``pdplan.memory``); candidates that do not fit are not simulated.
+
+Candidates are simulated in the order of a lower bound on their time per unit (the
+busiest worker's compute, step and all-reduce per unit, which no schedule beats); once
+that bound exceeds the best simulated time the rest cannot win and are skipped, so the
+choice is that of simulating them all. Ties go to the smaller peak memory, then to the
+earlier candidate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from pdplan.antichain import cut_bytes
+from pdplan.build import Partition, PlanConfig, assemble, dp_partition, memory_text, over_memory, with_memory
+from pdplan.costs import span_bandwidth
+from pdplan.memory import held_units
+from pdplan.problem import Problem, prepare
+from pdplan.schedule_sim import simulate_plan, stage_costs
+from shared.errors import PlanError, UserError
+from shared.graph import LayerGraph
+from shared.plan import Alternative, Plan
+from shared.schedule import Instr, Kind
+from shared.simulate import Costs
+
+SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")
+# Every partition of a graph this small is tried (past it, or past the budget, the DP's few).
+EXHAUSTIVE_NODES = 10
+EXHAUSTIVE_PARTITIONS = 400
+BANDWIDTH_SCALES = (1.0, 0.5, 0.25, 0.1)
+BALANCED_MAX_NODES = 400
+ALTERNATIVES = 8  # runners-up recorded in the plan
+LOCAL_SEEDS = 3
+LOCAL_ROUNDS = 20
+LOCAL_SIMS = 40  # simulations the local search may spend (a count, so that the search is deterministic)
+
+
+def microbatch_range(stages: int) -> list[int]:
+    """The M tried for the flush schedules: powers of two up to 4 S, and S, 2 S, 4 S (at most 64)."""
+    top = min(64, 4 * stages)
+    values = {m for m in (1, 2, 4, 8, 16, 32, 64) if m <= top} | {min(64, k * stages) for k in (1, 2, 4)}
+    return sorted(values)
+
+
+@dataclass(frozen=True)
+class Tried:
+    """One candidate plan and its figures."""
+
+    plan: Plan
+    time_s: float  # simulated seconds per unit
+    bubble: float
+    memory_bytes: float  # the largest stage's peak
+    order: int
+    part: Partition
+
+
+def auto_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
+    """The fastest simulated plan of :func:`candidates` x schedules x M that fits ``config.memory``."""
+    config.levels()  # validate before searching
+    began = time.perf_counter()
+    problem = prepare(graph.to_networkx())
+    parts = candidates(graph, config, problem)
+    tried, leanest = search(graph, config, parts)
+    if not tried:
+        assert leanest is not None
+        raise PlanError(
+            f"graph: no plan fits --memory {config.memory:g} bytes per worker on {math.prod(config.workers)} "
+            f"workers: the leanest candidate, {leanest}; raise --memory or add workers"
+        )
+    tried.sort(key=lambda t: (t.time_s, t.memory_bytes, t.order))
+    best = tried[0]
+    alternatives = [
+        Alternative(
+            schedule=t.plan.schedule,
+            microbatches=t.plan.microbatches,
+            replicas=[s.replicas for s in t.plan.stages],
+            stage_layers=[len(s.layers) for s in t.plan.stages],
+            simulated_time_per_minibatch_s=t.time_s,
+            simulated_bubble=t.bubble,
+            memory_bytes=t.memory_bytes,
+        )
+        for t in tried[:ALTERNATIVES]
+    ]
+    assert best.plan.predicted is not None
+    predicted = best.plan.predicted.model_copy(
+        update={
+            "simulated_time_per_minibatch_s": best.time_s,
+            "simulated_bubble": best.bubble,
+            "solve_s": time.perf_counter() - began,
+        }
+    )
+    return best.plan.model_copy(update={"predicted": predicted, "alternatives": alternatives})
+
+
+def search(
+    graph: LayerGraph, config: PlanConfig, parts: Sequence[Partition]
+) -> tuple[list[Tried], str | None]:
+    """Every candidate that fits memory, simulated unless its lower bound cannot win; and the leanest's text.
+
+    Past the first ranking, on a graph too big for every partition, a local search moves one
+    layer across a stage boundary or one replica between neighbouring stages of the best
+    partitions while that simulates faster (``LOCAL_ROUNDS`` at most).
+    """
+    state = _Search(graph, config)
+    state.run(parts)
+    if parts and parts[0].search != "exhaustive":
+        for _ in range(LOCAL_ROUNDS):
+            before = state.best
+            for seed in _distinct_partitions(state.tried, LOCAL_SEEDS):
+                # The neighbours under the seed's own schedule and M: a layer or a replica moved.
+                choice = [(seed.plan.schedule, seed.plan.microbatches)]
+                state.run([n for n in neighbours(seed.part, config.straight)], choice)
+            if not state.best < before or state.simulated > LOCAL_SIMS:
+                break
+    return state.tried, state.leanest[1] if state.leanest is not None else None
+
+
+def _distinct_partitions(tried: Sequence[Tried], count: int) -> list[Tried]:
+    out: list[Tried] = []
+    seen = set()
+    for t in sorted(tried, key=lambda t: (t.time_s, t.memory_bytes, t.order)):
+        key = (tuple(map(tuple, t.part.stage_nodes)), tuple(map(tuple, t.part.ranks)))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+        if len(out) == count:
+            break
+    return out
+
+
+class _Search:
+    """The candidates ranked so far: the best simulated time, the leanest that did not fit."""
+
+    def __init__(self, graph: LayerGraph, config: PlanConfig) -> None:
+        self.graph = graph
+        self.config = config
+        self.tried: list[Tried] = []
+        self.best = math.inf
+        self.leanest: tuple[float, str] | None = None
+        self.order = 0
+        self.seen: set[tuple[object, ...]] = set()
+        self.simulated = 0
+
+    def run(self, parts: Sequence[Partition], choices: Sequence[tuple[str, int]] | None = None) -> None:
+        graph, config = self.graph, self.config
+        pending: list[tuple[float, int, Plan, Partition]] = []
+        for part in parts:
+            key = (tuple(map(tuple, part.stage_nodes)), tuple(map(tuple, part.ranks)))
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            base = assemble(graph, config, part, "1f1b", config.microbatches or 1)
+            costs, edges = stage_costs(graph, base)
+            for schedule, m in choices or list(schedule_choices(config, len(part.stage_nodes))):
+                plan = (
+                    base
+                    if schedule == "1f1b"
+                    else with_memory(base.model_copy(update={"schedule": schedule, "microbatches": m}), graph)
+                )
+                if config.memory is not None and over_memory(plan, config.memory) is not None:
+                    self._note_lean(plan)
+                    continue
+                pending.append((lower_bound(plan, costs, edges), self.order, plan, part))
+                self.order += 1
+        pending.sort(key=lambda c: (c[0], c[1]))
+        for bound, index, plan, part in pending:
+            if bound > self.best and len(self.tried) >= ALTERNATIVES:
+                break  # sorted: no later candidate can beat the best
+            sim = simulate_plan(graph, plan)
+            self.simulated += 1
+            t = max(0.0, sim.time_per_minibatch_s)
+            self.best = min(self.best, t)
+            peak = max(s.predicted.memory_bytes for s in plan.stages)  # type: ignore[union-attr]
+            self.tried.append(Tried(plan, t, min(1.0, max(0.0, sim.bubble)), peak, index, part))
+
+    def _note_lean(self, plan: Plan) -> None:
+        peaks = [s.predicted.memory_bytes for s in plan.stages]  # type: ignore[union-attr]
+        if self.leanest is None or max(peaks) < self.leanest[0]:
+            self.leanest = (max(peaks), memory_text(plan, peaks.index(max(peaks))))
+
+
+def neighbours(part: Partition, straight: bool) -> Iterator[Partition]:
+    """One layer moved across a stage boundary (stages stay convex and non-empty), or one replica moved."""
+    problem = part.problem
+    owner = {v: s for s, nodes in enumerate(part.stage_nodes) for v in nodes}
+    n = len(part.stage_nodes)
+    for s in range(n - 1):
+        for v in part.stage_nodes[s]:
+            # v may go to s + 1 when everything it feeds is already past s.
+            if len(part.stage_nodes[s]) > 1 and all(owner[w] > s for w in problem.succs[v]):
+                yield _moved(part, v, s, s + 1)
+        for v in part.stage_nodes[s + 1]:
+            if len(part.stage_nodes[s + 1]) > 1 and all(owner[u] <= s for u in problem.preds[v]):
+                yield _moved(part, v, s + 1, s)
+    if straight:
+        return
+    sizes = [len(r) for r in part.ranks]
+    for s in range(n - 1):
+        for a, b in ((s, s + 1), (s + 1, s)):
+            if sizes[a] > 1:
+                new = list(sizes)
+                new[a] -= 1
+                new[b] += 1
+                starts = [sum(new[:i]) for i in range(n)]
+                ranks = [list(range(x, x + r)) for x, r in zip(starts, new, strict=True)]
+                yield replace(part, ranks=ranks, time_s=None, search="local")
+
+
+def _moved(part: Partition, v: int, src: int, dst: int) -> Partition:
+    nodes = [list(ns) for ns in part.stage_nodes]
+    nodes[src].remove(v)
+    nodes[dst] = sorted([*nodes[dst], v])
+    return replace(part, stage_nodes=nodes, time_s=None, search="local")
+
+
+def schedule_choices(config: PlanConfig, stages: int) -> Iterator[tuple[str, int]]:
+    """(schedule, M) pairs to try for a plan of ``stages`` stages."""
+    yield "1f1b", config.microbatches or 1
+    ms = [config.microbatches] if config.microbatches else microbatch_range(stages)
+    for schedule in SCHEDULES[1:]:
+        for m in ms:
+            yield schedule, m
+
+
+def lower_bound(plan: Plan, costs: Costs, edges: Sequence[tuple[int, int]]) -> float:
+    """Seconds per unit no run of ``plan``'s schedule beats (with these costs).
+
+    A worker of stage s with r replicas computes every r-th unit, so per unit it needs at
+    least its own work: under ``1f1b`` each unit's forward, backward, all-reduce and step,
+    over r. Under ``1f1b`` also Little's law: a worker holds at most k units (its peak in
+    flight) and each stays at least its round trip R (its forward, the trip to the last
+    stage and back, its backward), so r k units per R. Under a flush schedule a step at
+    stage s cannot begin before the step's first unit reached it (the fill), and the input
+    stage's step waits for s's last backward to come back (the drain): a step takes at least
+    fill + s's ``ceil(M / r)`` forwards and backwards + drain + the input stage's all-reduce
+    and step, for M units.
+    """
+    n = len(plan.stages)
+    f, b = costs.forward, costs.backward
+    consumers: dict[int, list[int]] = {s: [] for s in range(n)}
+    producers: dict[int, list[int]] = {s: [] for s in range(n)}
+    for a, c in edges:
+        consumers[a].append(c)
+        producers[c].append(a)
+    reps = [s.replicas for s in plan.stages]
+    step = [costs.of(Instr(Kind.STEP, 0), s) for s in range(n)]
+    reduce = [costs.of(Instr(Kind.ALLREDUCE, 0), s) for s in range(n)]
+    worst = 0.0
+    if plan.schedule == "1f1b":
+        held = held_units(plan)
+        trip = [0.0] * n
+        for s in reversed(range(n)):
+            later = max((2 * costs.link(s, c) + trip[c] for c in consumers[s]), default=0.0)
+            trip[s] = f[s] + b[s] + later
+            own = (f[s] + b[s] + step[s] + reduce[s]) / reps[s]
+            worst = max(worst, own, trip[s] / (reps[s] * max(1, held[s])))
+        return worst
+    m = plan.microbatches
+    fill = [0.0] * n
+    drain = [0.0] * n
+    for s in range(n):
+        fill[s] = max((fill[a] + f[a] + costs.link(a, s) for a in producers[s]), default=0.0)
+        drain[s] = max((drain[a] + b[a] + costs.link(a, s) for a in producers[s]), default=0.0)
+        own = math.ceil(m / reps[s]) * (f[s] + b[s])
+        worst = max(worst, fill[s] + own + drain[s] + reduce[0] + step[0], own + reduce[s] + step[s])
+    return worst / m
+
+
+# ---------------------------------------------------------------------------- partitions
+
+
+def candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[Partition]:
+    """Every partition of a small graph; else the DP's proposals and balanced splits."""
+    workers = math.prod(config.workers)
+    every = all_partitions(problem, workers, config.straight)
+    if every is not None:
+        return every
+    out: list[Partition] = []
+    seen: set[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]] = set()
+
+    def add(part: Partition) -> None:
+        key = (tuple(map(tuple, part.stage_nodes)), tuple(map(tuple, part.ranks)))
+        if key not in seen:
+            seen.add(key)
+            out.append(part)
+
+    models = dict.fromkeys((config.cost_model, "pipedream", "pipedream-compute"))
+    for model in models:
+        for scale in BANDWIDTH_SCALES:
+            bandwidths = tuple(b * scale for b in config.bandwidths)
+            for memory in dict.fromkeys((None, config.memory)):
+                try:
+                    add(
+                        dp_partition(
+                            graph, replace(config, cost_model=model, bandwidths=bandwidths, memory=memory)
+                        )
+                    )
+                except UserError:
+                    continue  # no plan under the paper's memory rule: the others may still fit
+    if problem.size <= BALANCED_MAX_NODES:
+        for k in range(1, min(workers, problem.size) + 1):
+            if workers % k == 0 and (not config.straight or k == workers):
+                add(balanced_split(problem, config, k))
+    if not out:
+        raise PlanError(
+            f"graph: no plan fits {workers} workers (levels {list(config.workers)}) with these options"
+        )
+    return out
+
+
+def all_partitions(problem: Problem, workers: int, straight: bool) -> list[Partition] | None:
+    """Every convex split into stages with every split of the workers, or None past the budget."""
+    n = problem.size
+    if n > EXHAUSTIVE_NODES:
+        return None
+    anc = problem.ancestor_masks()
+    full = (1 << n) - 1
+    # Downsets: closed under predecessors, each containing the first source (as the DP's states).
+    downsets = [
+        d
+        for d in range(1, full + 1)
+        if d >> problem.first_source & 1 and all(anc[v] & ~d == 0 for v in range(n) if d >> v & 1)
+    ]
+    downsets.sort(key=lambda d: (bin(d).count("1"), d))
+    out: list[Partition] = []
+
+    def chains(prefix: list[int]) -> Iterator[list[int]]:
+        last = prefix[-1]
+        if last == full:
+            yield prefix
+            return
+        for d in downsets:
+            if d & last == last and d != last:
+                yield from chains([*prefix, d])
+
+    for chain in itertools.chain.from_iterable(chains([d]) for d in downsets):
+        parts = len(chain)
+        if parts > workers or (straight and parts != workers):
+            continue
+        nodes = [
+            [v for v in range(n) if (hi & ~lo) >> v & 1]
+            for lo, hi in zip([0, *chain[:-1]], chain, strict=True)
+        ]
+        for reps in compositions(workers, parts):
+            if straight and any(r != 1 for r in reps):
+                continue
+            starts = [sum(reps[:i]) for i in range(parts)]
+            ranks = [list(range(a, a + r)) for a, r in zip(starts, reps, strict=True)]
+            out.append(Partition(problem, nodes, ranks, search="exhaustive"))
+            if len(out) > EXHAUSTIVE_PARTITIONS:
+                return None
+    return out
+
+
+def compositions(total: int, parts: int) -> Iterator[list[int]]:
+    """Every way to write ``total`` as ``parts`` positive counts, in order."""
+    for cut in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cut, total)
+        yield [bounds[i + 1] - bounds[i] for i in range(parts)]
+
+
+def balanced_split(problem: Problem, config: PlanConfig, k: int) -> Partition:
+    """``k`` stages of ``N / k`` replicas each, cut along the topological order at the paper's min-max cost."""
+    levels = config.levels()
+    workers = math.prod(config.workers)
+    r = workers // k
+    ranks = [list(range(i * r, (i + 1) * r)) for i in range(k)]
+    n = problem.size
+    comp = [0.0]
+    par = [0.0]
+    for v in range(n):
+        comp.append(comp[-1] + problem.compute_s[v])
+        par.append(par[-1] + problem.parameter_bytes[v])
+    cut = [0.0] * (n + 1)
+    mask = 0
+    for i in range(1, n):
+        mask |= 1 << (i - 1)
+        cut[i] = cut_bytes(problem, mask) if config.cost_model != "pipedream-compute" else 0.0
+    bw = span_bandwidth(levels, list(range(workers)))
+    inner = span_bandwidth(levels, ranks[0])
+
+    def stage(i: int, j: int) -> float:
+        c, p = comp[j] - comp[i], par[j] - par[i]
+        t = (c + 4 * (r - 1) * p / (inner * r)) / r
+        return max(t, 2 * cut[i] / (bw * r), 2 * cut[j] / (bw * r) if j < n else 0.0)
+
+    # best[s][j]: the min-max cost of the first j nodes in s stages; back[s][j] its last cut.
+    best = [[math.inf] * (n + 1) for _ in range(k + 1)]
+    back = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for s in range(1, k + 1):
+        for j in range(s, n - (k - s) + 1):
+            for i in range(s - 1, j):
+                t = max(best[s - 1][i], stage(i, j))
+                if t < best[s][j]:
+                    best[s][j], back[s][j] = t, i
+    bounds = [n]
+    for s in range(k, 0, -1):
+        bounds.append(back[s][bounds[-1]])
+    bounds.reverse()
+    nodes = [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
+    return Partition(problem, nodes, ranks, search="balanced")

@@ -1,0 +1,106 @@
+"""The memory model: what one worker of each stage holds at its peak, by part.
+
+Per worker of stage s, with ``P`` the bytes of its layers' parameters and ``A`` the bytes
+its layers save for backward per unit (the graph's measured ``saved_bytes``; a graph
+that measured none, such as an imported PipeDream profile, counts each layer's output
+``activation_bytes`` instead, as the paper's optimizer does):
+
+    weights     = versions x P   (the live weights and every stashed version)
+    gradients   = P
+    optimizer   = k x P          (k = 0 for plain SGD, 1 for SGD with momentum, 2 for Adam)
+    activations = held x A
+
+``held`` is the most units the worker has forwarded and not yet backwarded at once, read
+off the schedule's own program (``shared.schedule.max_in_flight``), not from a second
+formula: GPipe holds all of a step's M units (its replica's share), 1F1B-flush
+``min(M, S - s)``, 1F1B PipeDream's in-flight bound. Weight versions follow the paper's
+stashing rule (Harlap et al., SOSP 2019, section 3.3: "Weight stashing maintains multiple
+versions of the weights, one for each active minibatch"): under ``1f1b`` a stage keeps
+one version per unit in flight (the newest of which shares the live weights' memory, see
+``pdrun.weights``), with vertical sync the input stage's count (a unit may name any
+version the input stage used while it was in flight); the flushing schedules keep one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+from shared.graph import LayerGraph
+from shared.plan import Plan, StageMemory
+from shared.schedule import build_program, max_in_flight
+
+# Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
+# momentum is set; Adam keeps exp_avg and exp_avg_sq).
+OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}
+
+
+def saved_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
+    """Bytes ``layers`` save for backward per unit (their outputs when the graph measured none)."""
+    measured = any(n.saved_bytes > 0 for n in graph.nodes)
+    nodes = {n.id: n for n in graph.nodes}
+    return float(
+        sum(
+            (nodes[layer].saved_bytes if measured else nodes[layer].activation_bytes)
+            for layer in layers
+            if layer in nodes and nodes[layer].op != "input"
+        )
+    )
+
+
+def held_units(plan: Plan) -> list[int]:
+    """Per stage, the most units one of its workers holds at once under the plan's schedule."""
+    return list(
+        _held(
+            plan.schedule,
+            tuple(s.replicas for s in plan.stages),
+            plan.microbatches,
+            plan.in_flight if plan.schedule == "1f1b" else None,
+        )
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _held(
+    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None
+) -> tuple[int, ...]:
+    """Read off the program pdrun runs, over enough units that the peak is reached: one flush
+    step, or a 1F1B run well past its warm-up at every stage."""
+    period = math.lcm(*replicas, microbatches)
+    if schedule == "1f1b":
+        wanted = 2 * ((in_flight or 1) + len(replicas)) * max(replicas)
+    else:
+        wanted = microbatches
+    units = -(-wanted // period) * period
+    program = build_program(schedule, replicas, units, microbatches=microbatches, in_flight=in_flight)
+    peaks = max_in_flight(program)
+    return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
+
+
+def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[int]) -> list[StageMemory]:
+    """The memory model's parts for every stage of ``plan`` (``held`` from :func:`held_units`)."""
+    nodes = {n.id: n for n in graph.nodes}
+    k = OPTIMIZER_STATE[optimizer]
+    out = []
+    for s, stage in enumerate(plan.stages):
+        p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
+        if plan.schedule != "1f1b":
+            versions = 1
+        elif plan.vertical_sync:
+            versions = max(held[0], held[s])
+        else:
+            versions = max(1, held[s])
+        a = saved_per_unit(graph, stage.layers)
+        out.append(
+            StageMemory(
+                weight_bytes=versions * p,
+                weight_versions=versions,
+                gradient_bytes=p,
+                optimizer_bytes=k * p,
+                activation_bytes=held[s] * a,
+                units_held=held[s],
+                total_bytes=versions * p + p + k * p + held[s] * a,
+            )
+        )
+    return out
