@@ -173,7 +173,7 @@ def plan(
         f"pdplan: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
         f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; {p.schedule}"
         + (f" M={p.microbatches}" if p.schedule != "1f1b" else "")
-        + (f" (auto, of {len(p.alternatives)} best candidates)" if p.alternatives else "")
+        + (" chosen by simulation (pdplan show lists the runners-up)" if p.alternatives else "")
         + f", peak {max(s.predicted.memory_bytes for s in p.stages if s.predicted) / 1e6:.3g} MB/worker; "
         + search_text(pred)
         + simulated_text(pred, "; ")

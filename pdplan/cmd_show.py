@@ -6,12 +6,13 @@ import click
 from rich.table import Table
 
 from pdplan.cmd_tools import check_cluster
+from pdplan.memory import held_units, stage_memory
 from pdplan.report import cluster_text, recost, search_text, simulated_text
 from pdplan.schedule_sim import simulate_plan
 from shared.cli import console
 from shared.graph import load_graph
 from shared.io import display_name
-from shared.plan import Plan, check_against_graph, load_plan
+from shared.plan import Plan, StageMemory, check_against_graph, load_plan
 
 
 def _ms(seconds: float | None) -> str:
@@ -52,11 +53,14 @@ def show(plan: str, graph_path: str | None) -> None:
     p = load_plan(plan)
     costs = None
     recosted = None
+    memory: list[StageMemory] | None = None
     if graph_path is not None:
         g = load_graph(graph_path)
         check_against_graph(p, g, display_name(plan))
         check_cluster(p, display_name(plan))
         costs, bottleneck, dp_time = recost(p, g)
+        optimizer = p.cluster.optimizer if p.cluster is not None else "sgd"
+        memory = stage_memory(g, p, optimizer, held_units(p))
         recosted = (bottleneck, dp_time, simulate_plan(g, p).time_per_minibatch_s)
     table = Table(
         title=f"{display_name(plan)}: {p.schedule}, {len(p.stages)} stages on {p.world_size} ranks "
@@ -72,23 +76,34 @@ def show(plan: str, graph_path: str | None) -> None:
         "comm ms",
         "time ms",
         "memory MB",
+        "weights MB",
+        "grads+opt MB",
+        "activations MB",
     ):
         table.add_column(column, justify="right" if "ms" in column or "MB" in column else "left")
     for s, stage in enumerate(p.stages):
         first, last = stage.layers[0], stage.layers[-1]
         span = first if first == last else f"{first} .. {last} ({len(stage.layers)})"
         pred = stage.predicted if costs is None else costs[s]
-        cells = ["-"] * 5
+        m = (
+            memory[s]
+            if memory is not None
+            else stage.predicted.memory
+            if stage.predicted is not None
+            else None
+        )
+        cells = ["-"] * 8
         if pred is not None:
             cells = [
                 _ms(pred.compute_s),
                 _ms(pred.allreduce_s),
                 _ms(pred.communication_s),
                 _ms(pred.time_s),
-                f"{pred.memory_bytes / 1e6:.1f}",
+                f"{(m.total_bytes if m is not None else pred.memory_bytes) / 1e6:.1f}",
+                *_memory_cells(m),
             ]
         table.add_row(str(s), span, str(stage.replicas), _ranks(stage.ranks), *cells)
-    console.print(table, width=max(console.width, 132))
+    console.print(table, width=max(console.width, 172))
     for line in _diagram(p):
         console.print(line, markup=False, highlight=False)
     pr = p.predicted
@@ -101,6 +116,8 @@ def show(plan: str, graph_path: str | None) -> None:
             f"data parallelism {_ms(pr.data_parallel_time_per_minibatch_s)} ms: [bold]speedup over data parallelism "
             f"{speed}[/]" + (f"; {search_text(pr)}" if pr.states else "") + simulated_text(pr, "; ")
         )
+    if p.alternatives:
+        console.print(_alternatives(p), width=max(console.width, 132))
     if recosted is not None:
         bottleneck, dp_time, simulated = recosted
         speed = f"{dp_time / bottleneck:.2f}x" if bottleneck > 0 else "n/a"
@@ -109,6 +126,38 @@ def show(plan: str, graph_path: str | None) -> None:
             f"{_ms(dp_time)} ms: [bold]speedup over data parallelism {speed}[/]; schedule simulated: "
             f"{_ms(simulated)} ms/minibatch"
         )
+
+
+def _memory_cells(m: StageMemory | None) -> list[str]:
+    """Weights (x versions), gradients + optimizer state, activations (x units held), in MB."""
+    if m is None:
+        return ["-"] * 3
+    return [
+        f"{m.weight_bytes / 1e6:.1f} ({m.weight_versions}v)",
+        f"{(m.gradient_bytes + m.optimizer_bytes) / 1e6:.1f}",
+        f"{m.activation_bytes / 1e6:.1f} ({m.units_held}u)",
+    ]
+
+
+def _alternatives(p: Plan) -> Table:
+    """The schedule search's candidates, fastest first: the chosen one, then the runners-up."""
+    table = Table(title="schedule search (--schedule auto): the fastest candidates simulated")
+    for column in ("", "schedule", "M", "replicas", "layers per stage", "simulated ms", "bubble", "peak MB"):
+        table.add_column(
+            column, justify="right" if column in ("M", "simulated ms", "bubble", "peak MB") else "left"
+        )
+    for i, alt in enumerate(p.alternatives):
+        table.add_row(
+            "chosen" if i == 0 else str(i + 1),
+            alt.schedule,
+            str(alt.microbatches),
+            "-".join(map(str, alt.replicas)),
+            "-".join(map(str, alt.stage_layers)),
+            _ms(alt.simulated_time_per_minibatch_s),
+            f"{alt.simulated_bubble:.0%}",
+            f"{alt.memory_bytes / 1e6:.1f}",
+        )
+    return table
 
 
 def _ranks(ranks: list[int]) -> str:
