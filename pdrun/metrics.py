@@ -3,7 +3,9 @@
 One row per optimizer step and rank: ``step``, ``loss`` (NaN except on the last stage),
 ``rank``, ``stage``, ``replica``, ``samples_per_s``, ``compute_s`` (forward, backward and
 optimizer step), ``comm_s`` (posting sends, all-reduce), ``idle_s`` (waiting in receives
-for a peer), ``wall_s`` and ``versions`` (weight versions held); and the same time by part:
+for a peer), ``wall_s``, ``versions`` (weight versions held) and ``peak_memory_bytes`` (the
+worker's peak so far, ``pdrun.peak``; files written before it have no such column); and the
+same time by part:
 ``forward_s``, ``backward_s``, ``optimizer_s``, ``send_s``, ``allreduce_s``, ``recv_wait_s``.
 """
 
@@ -31,6 +33,7 @@ COLUMNS = (
     "idle_s",
     "wall_s",
     "versions",
+    "peak_memory_bytes",
     *PARTS,
 )
 
@@ -80,6 +83,7 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "max_weight_versions": {r.rank: r.max_versions for r in results},
         # What carried each rank's messages: shared memory (every rank on this host) or gloo.
         "transport": {r.rank: "shm" if r.shm else "gloo" for r in results},
+        "memory": memory_summary(results, plan),
     }
     if last and last[0].validation:
         per_epoch = []
@@ -96,4 +100,27 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         out["validation"] = per_epoch
         out["val_loss"] = per_epoch[-1]["val_loss"]
         out["val_accuracy"] = per_epoch[-1]["val_accuracy"]
+    return out
+
+
+def memory_summary(results: list[WorkerResult], plan: Plan) -> list[dict[str, Any]]:
+    """Per stage: each rank's measured peak bytes beside the plan's predicted peak (``pdplan.memory``)."""
+    out = []
+    for s, stage in enumerate(plan.stages):
+        measured = {}
+        for r in results:
+            peaks = [row.get("peak_memory_bytes", math.nan) for row in r.rows]
+            if r.stage == s and peaks and not all(math.isnan(p) for p in peaks):
+                measured[r.rank] = max(p for p in peaks if not math.isnan(p))
+        pred = stage.predicted
+        predicted = pred.memory.total_bytes if pred is not None and pred.memory is not None else None
+        worst = max(measured.values(), default=None)
+        out.append(
+            {
+                "stage": s,
+                "predicted_bytes": predicted,
+                "measured_bytes": measured,
+                "measured_over_predicted": worst / predicted if worst is not None and predicted else None,
+            }
+        )
     return out

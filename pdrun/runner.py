@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pdrun import checkpoint
+from pdrun import checkpoint, peak
 from pdrun.comm import Comm, emulated_bandwidth
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
@@ -345,6 +345,7 @@ def _train(
     stage.module.to(device)
     if channels_last:
         module_to_channels_last(stage.module)
+    peak.start(device, stage.module)  # the run's memory from here: the stage's, not the whole model's
     # Groups are made by every rank in the same order, even those outside them.
     group = None
     for idx, st in enumerate(plan.stages):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
+from pdrun import peak
 from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm, PostedRecv
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
@@ -480,6 +481,7 @@ class Worker:
                 **{column: sum(st.by_kind.get(k, 0.0) for k in kinds) for column, kinds in PARTS.items()},
                 "wall_s": wall,
                 "versions": self.versions.held(),
+                "peak_memory_bytes": peak.peak_bytes(),
             }
         )
         self.stats = StepStats(now)

@@ -1,0 +1,198 @@
+"""The memory model per stage (pdplan.memory) by hand, and --memory binding every stage."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdplan.build import PlanConfig, make_plan, with_memory
+from shared.errors import PlanError
+from shared.graph import Edge, LayerGraph, Node, save_graph
+from shared.plan import Cluster, Level, Plan, Stage
+
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+
+
+def _graph(saved: bool = True) -> LayerGraph:
+    """input -> a -> b -> c: parameters 100, 200, 300 bytes; saved 10, 20, 30 (outputs 1000, 2000, 3000)."""
+    nodes = [Node(id="x", op="input", forward_ms=0, backward_ms=0, activation_bytes=0, parameter_bytes=0)]
+    for i, name in enumerate("abc", start=1):
+        nodes.append(
+            Node(
+                id=name,
+                forward_ms=1.0,
+                backward_ms=2.0,
+                activation_bytes=1000.0 * i,
+                parameter_bytes=100.0 * i,
+                saved_bytes=10.0 * i if saved else 0.0,
+            )
+        )
+    edges = [Edge(source="x", target="a"), Edge(source="a", target="b"), Edge(source="b", target="c")]
+    return LayerGraph(batch_size=4, nodes=nodes, edges=edges)
+
+
+def _plan(
+    graph: LayerGraph,
+    schedule: str,
+    microbatches: int = 1,
+    replicas: tuple[int, ...] = (1, 1, 1),
+    optimizer: str = "sgd",
+    vertical_sync: bool = False,
+) -> Plan:
+    layers = [["x", "a"], ["b"], ["c"]]
+    stages, rank = [], 0
+    for ls, r in zip(layers, replicas, strict=True):
+        stages.append(Stage(layers=ls, replicas=r, ranks=list(range(rank, rank + r))))
+        rank += r
+    plan = Plan(
+        graph_hash=graph.structure_hash(),
+        batch_size=4,
+        schedule=schedule,  # type: ignore[arg-type]
+        microbatches=microbatches,
+        in_flight=-(-rank // replicas[0]),
+        vertical_sync=vertical_sync,
+        world_size=rank,
+        cluster=Cluster(levels=[Level(workers=rank, bandwidth=1e9)], optimizer=optimizer),  # type: ignore[arg-type]
+        stages=stages,
+    )
+    return with_memory(plan, graph)
+
+
+def _totals(plan: Plan) -> list[float]:
+    return [s.predicted.memory.total_bytes for s in plan.stages]  # type: ignore[union-attr]
+
+
+def test_1f1b_stashes_one_version_per_unit_in_flight() -> None:
+    plan = _plan(_graph(), "1f1b")
+    memory = [s.predicted.memory for s in plan.stages]  # type: ignore[union-attr]
+    # In flight: 3, 2, 1 (PipeDream's warm-up on a straight pipeline of 3); versions the same.
+    assert [m.units_held for m in memory] == [3, 2, 1]  # type: ignore[union-attr]
+    assert [m.weight_versions for m in memory] == [3, 2, 1]  # type: ignore[union-attr]
+    # weights x versions + gradients + saved x held (plain SGD keeps no state).
+    assert _totals(plan) == [3 * 100 + 100 + 3 * 10, 2 * 200 + 200 + 2 * 20, 300 + 300 + 30]
+    assert all(s.predicted.memory_bytes == s.predicted.memory.total_bytes for s in plan.stages)  # type: ignore[union-attr]
+
+
+def test_optimizer_state_per_optimizer() -> None:
+    g = _graph()
+    sgd, momentum, adam = (_totals(_plan(g, "1f1b", optimizer=o)) for o in ("sgd", "momentum", "adam"))
+    assert [m - s for m, s in zip(momentum, sgd, strict=True)] == [100, 200, 300]
+    assert [a - s for a, s in zip(adam, sgd, strict=True)] == [200, 400, 600]
+
+
+def test_flush_schedules_keep_one_version_and_hold_their_units() -> None:
+    g = _graph()
+    # 1F1B-flush with M=4 holds min(M, S - s) units; GPipe all M; one weight version each.
+    assert _totals(_plan(g, "1f1b-flush", 4)) == [100 + 100 + 3 * 10, 200 + 200 + 2 * 20, 300 + 300 + 30]
+    assert _totals(_plan(g, "gpipe", 4)) == [100 + 100 + 4 * 10, 200 + 200 + 4 * 20, 300 + 300 + 4 * 30]
+    assert _totals(_plan(g, "1f1b-flush", 2)) == [200 + 2 * 10, 400 + 2 * 20, 600 + 30]
+    # A replicated stage's workers each hold their share of GPipe's units: 2 of 4.
+    replicated = _plan(g, "gpipe", 4, replicas=(2, 1, 1))
+    assert replicated.stages[0].predicted.memory.units_held == 2  # type: ignore[union-attr]
+    assert _totals(replicated)[0] == 200 + 2 * 10
+
+
+def test_vertical_sync_keeps_the_input_stages_versions() -> None:
+    plan = _plan(_graph(), "1f1b", vertical_sync=True)
+    assert [s.predicted.memory.weight_versions for s in plan.stages] == [3, 3, 3]  # type: ignore[union-attr]
+
+
+def test_without_saved_bytes_the_outputs_count() -> None:
+    # An imported PipeDream profile measures no saved bytes: the layer outputs stand in, as in the paper.
+    assert _totals(_plan(_graph(saved=False), "gpipe", 2)) == [200 + 2 * 1000, 400 + 2 * 2000, 600 + 2 * 3000]
+
+
+def test_every_stage_of_a_planned_graph_has_its_memory() -> None:
+    plan = make_plan(_graph(), PlanConfig(workers=(3,), bandwidths=(1e9,), straight=True))
+    assert len(plan.stages) == 3
+    assert all(s.predicted.memory.total_bytes > 0 for s in plan.stages)  # type: ignore[union-attr]
+    assert plan.stages[-1].predicted.memory_bytes == 300 + 300 + 30  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "auto"])
+def test_memory_binds_a_one_stage_plan(schedule: str) -> None:
+    g = _graph()
+    whole = 600 + 600 + 60  # one worker: weights, gradients, saved bytes of one unit
+    plan = make_plan(g, PlanConfig(workers=(1,), bandwidths=(1e9,), memory=whole, schedule=schedule))
+    assert _totals(plan) == [whole]
+    with pytest.raises(PlanError, match="no plan fits --memory 1000 bytes") as err:
+        make_plan(g, PlanConfig(workers=(1,), bandwidths=(1e9,), memory=1000, schedule=schedule))
+    assert "needs 0.00126 MB" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "auto"])
+def test_memory_binds_data_parallel_plans(schedule: str) -> None:
+    # Compute-heavy, parameter-free layers on a fast network: the DP replicates the whole model.
+    g = _graph()
+    free = make_plan(g, PlanConfig(workers=(2,), bandwidths=(1e12,), schedule="1f1b"))
+    assert [s.replicas for s in free.stages] == [2]
+    need = _totals(free)[0]
+    with pytest.raises(PlanError, match="no plan fits --memory"):
+        make_plan(g, PlanConfig(workers=(2,), bandwidths=(1e12,), memory=need - 1, schedule="1f1b"))
+    if schedule == "auto":
+        # The search still finds a layout that fits: a pipeline whose stages each hold less.
+        fits = make_plan(g, PlanConfig(workers=(2,), bandwidths=(1e12,), memory=need - 1, schedule="auto"))
+        assert len(fits.stages) == 2 and max(_totals(fits)) <= need - 1
+
+
+def test_memory_nothing_fits_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    save_graph(_graph(), path)
+    for extra in ([], ["--schedule", "1f1b"], ["--schedule", "gpipe"]):
+        done = subprocess.run(
+            [
+                str(BIN / "pdplan"),
+                str(path),
+                "--workers",
+                "2",
+                "--bandwidth",
+                "1e9",
+                "--memory",
+                "100",
+                *extra,
+            ],
+            capture_output=True,
+            env=ENV,
+            timeout=120,
+        )
+        err = done.stderr.decode().strip()
+        assert done.returncode == 2, err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "--memory 100 bytes" in err and "needs" in err and "MB" in err, err
+        assert done.stdout == b""
+
+
+def test_memory_fits_and_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    save_graph(_graph(), path)
+    done = subprocess.run(
+        [
+            str(BIN / "pdplan"),
+            str(path),
+            "--workers",
+            "3",
+            "--bandwidth",
+            "1e9",
+            "--memory",
+            "1300",
+            "--optimizer",
+            "adam",
+        ],
+        capture_output=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    plan = json.loads(done.stdout)
+    assert plan["cluster"]["optimizer"] == "adam" and plan["cluster"]["schedule_search"] == "auto"
+    for stage in plan["stages"]:
+        memory = stage["predicted"]["memory"]
+        assert memory["total_bytes"] <= 1300
+        assert memory["optimizer_bytes"] == 2 * memory["gradient_bytes"]
+    assert plan["alternatives"] and plan["alternatives"][0]["schedule"] == plan["schedule"]
