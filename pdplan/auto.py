@@ -39,7 +39,7 @@ from pdplan.schedule_sim import simulate_plan, stage_costs
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Alternative, Plan
-from shared.schedule import Instr, Kind
+from shared.schedule import Instr, Kind, ScheduleError
 from shared.simulate import Costs
 
 SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")
@@ -80,8 +80,12 @@ def auto_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
     problem = prepare(graph.to_networkx())
     parts = candidates(graph, config, problem)
     tried, leanest = search(graph, config, parts)
+    if not tried and leanest is None:
+        raise PlanError(
+            f"graph: no plan runs on {math.prod(config.workers)} workers: every candidate has a stage whose "
+            "values reach no later stage; use fewer workers"
+        )
     if not tried:
-        assert leanest is not None
         raise PlanError(
             f"graph: no plan fits --memory {config.memory:g} bytes per worker on {math.prod(config.workers)} "
             f"workers: the leanest candidate, {leanest}; raise --memory or add workers"
@@ -185,7 +189,10 @@ class _Search:
         for bound, index, plan, part in pending:
             if bound > self.best and len(self.tried) >= ALTERNATIVES:
                 break  # sorted: no later candidate can beat the best
-            sim = simulate_plan(graph, plan)
+            try:
+                sim = simulate_plan(graph, plan)
+            except ScheduleError:
+                continue  # a stage whose values reach no later stage: no schedule runs it
             self.simulated += 1
             t = max(0.0, sim.time_per_minibatch_s)
             self.best = min(self.best, t)

@@ -1,0 +1,140 @@
+"""--schedule auto equals an exhaustive simulation of every partition, schedule and M (small graphs).
+
+The exhaustive search here is written apart from pdplan.auto: every chain of downsets of
+the reduced DAG (every convex split into stages), every split of the workers among them on
+consecutive ranks, every schedule and every M of the search's range, each simulated with
+no pruning; the best that fits memory must be what the search chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pdplan.auto import microbatch_range
+from pdplan.build import Partition, PlanConfig, assemble, make_plan, with_memory
+from pdplan.problem import prepare
+from pdplan.schedule_sim import simulate_plan
+from shared.errors import PlanError
+from shared.graph import Edge, LayerGraph, Node
+from shared.plan import check_against_graph
+from shared.schedule import ScheduleError
+
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _graph(costs, edges):
+    nodes = [Node(id="in", op="input", forward_ms=0, backward_ms=0, activation_bytes=0, parameter_bytes=0)]
+    for i, (f, b, a, p, u) in enumerate(costs):
+        nodes.append(
+            Node(
+                id=f"n{i}",
+                forward_ms=f,
+                backward_ms=b,
+                update_ms=u,
+                activation_bytes=a,
+                saved_bytes=a / 2,
+                parameter_bytes=p,
+            )
+        )
+    es = [Edge(source="in", target="n0")] + [Edge(source=f"n{u}", target=f"n{v}") for u, v in edges]
+    return LayerGraph(batch_size=4, nodes=nodes, edges=es)
+
+
+def _exhaustive(graph, config):
+    problem = prepare(graph.to_networkx())
+    n = problem.size
+    closed = []
+    for bits in range(1, 1 << n):
+        members = {v for v in range(n) if bits >> v & 1}
+        if 0 in members and all(set(problem.preds[v]) <= members for v in members):
+            closed.append(frozenset(members))
+    full = frozenset(range(n))
+    workers = math.prod(config.workers)
+
+    def chains(prefix):
+        if prefix[-1] == full:
+            yield prefix
+            return
+        for d in closed:
+            if prefix[-1] < d:
+                yield from chains([*prefix, d])
+
+    best = math.inf
+    for chain in itertools.chain.from_iterable(chains([d]) for d in closed):
+        stages = [sorted(hi - lo) for lo, hi in zip([frozenset(), *chain[:-1]], chain, strict=True)]
+        k = len(stages)
+        for cut in itertools.combinations(range(1, workers), k - 1):
+            bounds = (0, *cut, workers)
+            ranks = [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
+            base = assemble(graph, config, Partition(problem, stages, ranks), "1f1b", 1)
+            for schedule, m in [("1f1b", 1)] + [
+                (s, m) for s in ("1f1b-flush", "gpipe") for m in microbatch_range(k)
+            ]:
+                plan = with_memory(base.model_copy(update={"schedule": schedule, "microbatches": m}), graph)
+                if config.memory is not None and any(
+                    s.predicted.memory.total_bytes > config.memory for s in plan.stages
+                ):
+                    continue
+                # A stage that feeds no later one (a second model output): no schedule runs it.
+                with contextlib.suppress(ScheduleError):
+                    best = min(best, simulate_plan(graph, plan).time_per_minibatch_s)
+    return best
+
+
+costs_st = st.tuples(
+    st.integers(1, 30),
+    st.integers(1, 30),
+    st.integers(0, 4).map(lambda x: x * 1e6),
+    st.integers(0, 4).map(lambda x: x * 2e6),
+    st.integers(0, 3),
+)
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 4))
+    edges = set()
+    for v in range(1, n):
+        parents = draw(st.sets(st.integers(0, v - 1), min_size=1, max_size=min(2, v)))
+        edges |= {(u, v) for u in parents}
+    return draw(st.lists(costs_st, min_size=n, max_size=n)), sorted(edges)
+
+
+def _check(costs, edges, workers, bandwidth, memory):
+    graph = _graph(costs, edges)
+    config = PlanConfig(workers=(workers,), bandwidths=(bandwidth,), memory=memory, schedule="auto")
+    expected = _exhaustive(graph, config)
+    try:
+        plan = make_plan(graph, config)
+    except PlanError as exc:
+        assert math.isinf(expected) and "no plan fits" in str(exc), exc
+        return
+    check_against_graph(plan, graph)
+    assert plan.predicted is not None and plan.predicted.simulated_time_per_minibatch_s is not None
+    assert math.isclose(plan.predicted.simulated_time_per_minibatch_s, expected, rel_tol=1e-9, abs_tol=1e-12)
+    # The recorded figure is the plan's own simulation, and the plan fits.
+    assert math.isclose(
+        simulate_plan(graph, plan).time_per_minibatch_s, expected, rel_tol=1e-9, abs_tol=1e-12
+    )
+    assert memory is None or all(s.predicted.memory.total_bytes <= memory for s in plan.stages)
+    assert plan.alternatives[0].schedule == plan.schedule
+    times = [a.simulated_time_per_minibatch_s for a in plan.alternatives]
+    assert times == sorted(times)
+
+
+@SETTINGS
+@given(st.lists(costs_st, min_size=1, max_size=4), st.integers(1, 3), st.sampled_from([1e7, 1e8, 1e9]))
+def test_auto_on_chains_equals_exhaustive_simulation(costs, workers, bandwidth):
+    _check(costs, [(i, i + 1) for i in range(len(costs) - 1)], workers, bandwidth, None)
+
+
+@SETTINGS
+@given(dags(), st.integers(1, 3), st.sampled_from([1e7, 1e8]), st.sampled_from([None, 2e7, 6e7]))
+def test_auto_on_dags_with_memory_equals_exhaustive_simulation(dag, workers, bandwidth, memory):
+    costs, edges = dag
+    _check(costs, edges, workers, bandwidth, memory)
