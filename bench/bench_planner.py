@@ -14,6 +14,13 @@ machine (pure Python, cubic in the states).
 
     python -m bench.bench_planner              # JSON rows on stdout, a table on stderr
     python -m bench.bench_planner --only inception_v3_compressed --repeat 3
+    python -m bench.bench_planner --auto       # --schedule auto against the paper-cost plan
+
+``--auto`` compares, on PipeDream's VGG16, GNMT and ResNet-50 profiles for 4, 8 and 16
+workers at 1e9 B/s and the 8,2 hierarchy at 1e10,1e9 B/s, the simulated time per minibatch
+(``pdplan.schedule_sim``) of the paper-cost plan (PipeDream's DP, 1f1b) with that of the
+plan ``--schedule auto`` writes. The planner is deterministic, so these figures do not
+depend on the machine (only ``search_s`` does).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from rich.table import Table
 
 from pdplan.build import PlanConfig, make_plan
 from pdplan.problem import prepare
+from pdplan.report import with_simulation
 from pdplan.statecount import count_states
 from pdprof.pipedream_import import parse_pipedream
 from shared.cli import console
@@ -117,6 +125,43 @@ def run(case: Case, repeat: int) -> dict[str, object]:
     }
 
 
+AUTO_PROFILES = ("vgg16", "gnmt", "resnet50")
+AUTO_CLUSTERS: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...] = (
+    ((4,), (1e9,)),
+    ((8,), (1e9,)),
+    ((16,), (1e9,)),
+    ((8, 2), (1e10, 1e9)),
+)
+
+
+def run_auto(profile: str, workers: tuple[int, ...], bandwidths: tuple[float, ...]) -> dict[str, object]:
+    """The paper-cost plan's simulated time beside the auto plan's, for one profile and cluster."""
+    graph = load(profile)
+    paper = with_simulation(make_plan(graph, PlanConfig(workers=workers, bandwidths=bandwidths)), graph)
+    t0 = time.perf_counter()
+    auto = make_plan(graph, PlanConfig(workers=workers, bandwidths=bandwidths, schedule="auto"))
+    search_s = time.perf_counter() - t0
+    assert paper.predicted is not None and auto.predicted is not None
+    p = paper.predicted.simulated_time_per_minibatch_s
+    a = auto.predicted.simulated_time_per_minibatch_s
+    assert p is not None and a is not None
+    return {
+        "profile": profile,
+        "workers": ",".join(map(str, workers)),
+        "bandwidth": ",".join(f"{b:g}" for b in bandwidths),
+        "paper_ms": round(p * 1000, 2),
+        "paper_shape": "-".join(str(s.replicas) for s in paper.stages),
+        "paper_bubble": round(paper.predicted.simulated_bubble or 0.0, 2),
+        "auto_ms": round(a * 1000, 2),
+        "auto_schedule": auto.schedule + (f" M={auto.microbatches}" if auto.schedule != "1f1b" else ""),
+        "auto_shape": "-".join(str(s.replicas) for s in auto.stages),
+        "auto_bubble": round(auto.predicted.simulated_bubble or 0.0, 2),
+        "auto_over_paper": round(a / p, 3),
+        "below": a < p,
+        "search_s": round(search_s, 1),
+    }
+
+
 def _count(graph: LayerGraph, repeat: int) -> tuple[int, float]:
     """PipeDream's exact state count of ``graph`` and the best time of counting it (from the graph)."""
     best, total = float("inf"), 0
@@ -140,9 +185,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="case names to run")
     parser.add_argument("--repeat", type=int, default=1, help="plan each case this many times, keep the best")
+    parser.add_argument("--auto", action="store_true", help="--schedule auto against the paper-cost plan")
     args = parser.parse_args()
-    rows = [run(c, args.repeat) for c in CASES if args.only is None or c.name in args.only]
-    table = Table(title="pdplan: planning time (the machine may be shared: figures are noisy)")
+    if args.auto:
+        rows = [
+            run_auto(name, w, b)
+            for name in AUTO_PROFILES
+            if args.only is None or name in args.only
+            for w, b in AUTO_CLUSTERS
+        ]
+        title = "pdplan --schedule auto against the paper-cost plan: simulated ms per minibatch"
+    else:
+        rows = [run(c, args.repeat) for c in CASES if args.only is None or c.name in args.only]
+        title = "pdplan: planning time (the machine may be shared: figures are noisy)"
+    table = Table(title=title)
     for col in rows[0] if rows else []:
         table.add_column(col)
     for row in rows:

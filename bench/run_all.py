@@ -1,7 +1,8 @@
 """``make bench``: every benchmark in one run, then bench/RESULTS.md and the plots in bench/results/.
 
 Runs, in order: pdrun against the alternatives (``bench.bench_runtime``), the planner's
-prediction against pdrun's measurement (``bench.bench_predict``), time to accuracy
+prediction against pdrun's measurement (``bench.bench_predict``), the memory model against
+pdrun's measured peaks (``bench.bench_memory``), time to accuracy
 (``bench.bench_accuracy``), start-up against the run's length (``bench.bench_startup``), and
 the planner's and profiler's own benchmarks (``bench.bench_planner``, ``bench.bench_profiler``)
 when they are present. A benchmark that fails is reported in RESULTS.md with its error; the
@@ -274,15 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="*",
         default=None,
-        help="run only these: runtime predict accuracy startup planner profiler",
+        help="run only these: runtime predict memory accuracy startup planner profiler",
     )
     args = parser.parse_args(argv)
-    from bench import bench_accuracy, bench_predict, bench_runtime, bench_startup
+    from bench import bench_accuracy, bench_memory, bench_predict, bench_runtime, bench_startup
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     PLOTS.mkdir(parents=True, exist_ok=True)
-    wanted = set(args.only or ["runtime", "predict", "accuracy", "startup", "planner", "profiler"])
+    wanted = set(args.only or ["runtime", "predict", "memory", "accuracy", "startup", "planner", "profiler"])
     quick = ["--quick"] if args.quick else []
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
@@ -301,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         if rep is not None:
             rep.plots.append(plots.prediction(rep.tables["prediction"], PLOTS / "prediction.png"))
         reports["predict"] = rep
+    if "memory" in wanted:
+        reports["memory"] = _run_internal(
+            "bench_memory", lambda: bench_memory.main(["--work", str(work), *quick]), log
+        )
     if "accuracy" in wanted:
         acc = _run_internal(
             "bench_accuracy", lambda: bench_accuracy.main(["--work", str(work), *quick])[0], log

@@ -1,0 +1,108 @@
+"""The planner's predicted peak memory per stage (``pdplan.memory``) against pdrun's measured one.
+
+Each case profiles a model (pdprof's library call, its defaults), cuts it into two stages,
+records the memory model's prediction in the plan (with the optimizer pdrun runs) and runs
+it with pdrun (two CPU workers, gloo); pdrun records each worker's peak
+(``pdrun.peak``: the stage's parameters plus the high-water RSS rise once it is built).
+The table has one row per case and stage: predicted and measured bytes and their ratio.
+The issue asks for within 20% (0.8 to 1.2); the figures say how far this is.
+
+Run alone: ``python -m bench.bench_memory [--quick] [--work DIR]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.measure import Figure, Report, work_args
+from pdplan.build import with_memory
+from pdprof.profiler import ProfileConfig, profile_spec
+from pdrun.config import RunConfig
+from pdrun.launch import launch
+from pdrun.metrics import summary
+from pdrun.plans import cut_plan
+from shared.plan import Cluster, Level, Schedule
+from shared.spec import RunSpec
+
+MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mnist5k")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: RunSpec
+    cut: str
+    batch_size: int
+    schedule: Schedule
+    microbatches: int
+
+
+CASES = (
+    Case("mnist_cnn, 1f1b", MNIST, "conv2", 64, "1f1b", 1),
+    Case("mnist_cnn, 1f1b-flush M=4", MNIST, "conv2", 64, "1f1b-flush", 4),
+    Case("mnist_cnn, gpipe M=8", MNIST, "conv2", 64, "gpipe", 8),
+)
+
+
+def bench(work: Path, steps: int) -> Report:
+    command = "python -m bench.bench_memory"
+    report = Report("Predicted peak memory per stage against pdrun's measured", command)
+    rows = []
+    graphs = {}
+    for case in CASES:
+        key = (case.spec.model, case.batch_size)
+        if key not in graphs:
+            graphs[key] = profile_spec(ProfileConfig(case.spec, batch_size=case.batch_size)).graph
+        graph = graphs[key]
+        plan = cut_plan(
+            case.spec,
+            [case.cut],
+            batch_size=case.batch_size,
+            schedule=case.schedule,
+            microbatches=case.microbatches,
+        )
+        cluster = Cluster(levels=[Level(workers=plan.world_size, bandwidth=1e9)], optimizer="momentum")
+        plan = with_memory(plan.model_copy(update={"cluster": cluster}), graph)
+        results = launch(plan, RunConfig(steps=steps, seed=0, momentum=0.9))
+        assert results is not None
+        for entry in summary(results, plan)["memory"]:
+            measured = max(entry["measured_bytes"].values())
+            rows.append(
+                {
+                    "case": case.name,
+                    "stage": entry["stage"],
+                    "predicted_mb": round(entry["predicted_bytes"] / 1e6, 2),
+                    "measured_mb": round(measured / 1e6, 2),
+                    "measured_over_predicted": round(entry["measured_over_predicted"], 3),
+                }
+            )
+    report.tables["memory"] = rows
+    ratios = [r["measured_over_predicted"] for r in rows]
+    within = sum(0.8 <= r <= 1.2 for r in ratios)
+    report.add(
+        Figure(
+            "stages whose measured peak is within 20% of the prediction",
+            within / len(ratios),
+            "fraction",
+            command,
+            note=f"ratios {min(ratios):.2f}..{max(ratios):.2f} over {len(ratios)} stages",
+            target=">= 1",
+            meets=within == len(ratios),
+        )
+    )
+    del work
+    return report
+
+
+def main(argv: list[str] | None = None) -> Report:
+    work, quick = work_args(__doc__, argv)
+    report = bench(work, 4 if quick else 12)
+    report.save(work / "bench_memory.json")
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
