@@ -40,6 +40,8 @@ PLOTS = HERE / "results"
 # The other benchmarks: how to run them within the time budget (their own command lines).
 EXTERNAL = {
     "bench_planner": ["python", "-m", "bench.bench_planner"],
+    # --schedule auto against the paper-cost plan on three profiles (deterministic; ~5 min here).
+    "bench_planner_auto": ["python", "-m", "bench.bench_planner", "--auto"],
     "bench_profiler": [
         "python",
         "-m",
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="*",
         default=None,
-        help="run only these: runtime predict memory accuracy startup planner profiler",
+        help="run only these: runtime predict memory accuracy startup planner planner_auto profiler",
     )
     args = parser.parse_args(argv)
     from bench import bench_accuracy, bench_memory, bench_predict, bench_runtime, bench_startup
@@ -283,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     PLOTS.mkdir(parents=True, exist_ok=True)
-    wanted = set(args.only or ["runtime", "predict", "memory", "accuracy", "startup", "planner", "profiler"])
+    wanted = set(
+        args.only
+        or ["runtime", "predict", "memory", "accuracy", "startup", "planner", "planner_auto", "profiler"]
+    )
     quick = ["--quick"] if args.quick else []
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
@@ -321,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     external: dict[str, dict[str, Any] | None] = {}
     for name, cmd in EXTERNAL.items():
         if name.removeprefix("bench_") in wanted:
+            if name == "bench_planner_auto":
+                cmd = [*cmd, "--only", "vgg16"] if args.quick else cmd
+                external[name] = _run_external(name, cmd, 120 if args.quick else 900, log)
+                continue
             external[name] = _run_external(name, cmd, 120 if args.quick else 300, log)
     planner = external.get("bench_planner")
     if planner is not None and isinstance(planner["result"], list):
