@@ -105,11 +105,16 @@ def auto_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         for t in tried[:ALTERNATIVES]
     ]
     assert best.plan.predicted is not None
+    # What the DP searched (its first proposal's search), whichever candidate won.
+    dp = next((p for p in parts if p.states is not None), None)
     predicted = best.plan.predicted.model_copy(
         update={
             "simulated_time_per_minibatch_s": best.time_s,
             "simulated_bubble": best.bubble,
             "solve_s": time.perf_counter() - began,
+            "states": dp.states if dp is not None else None,
+            "search": dp.search if dp is not None else "exhaustive",
+            "antichain_states": dp.antichain_states if dp is not None else None,
         }
     )
     return best.plan.model_copy(update={"predicted": predicted, "alternatives": alternatives})
@@ -120,13 +125,16 @@ def search(
 ) -> tuple[list[Tried], str | None]:
     """Every candidate that fits memory, simulated unless its lower bound cannot win; and the leanest's text.
 
-    Past the first ranking, on a graph too big for every partition, a local search moves one
+    Past the first ranking, on a graph too big for every partition (and of at most
+    ``BALANCED_MAX_NODES`` layers), a local search moves one
     layer across a stage boundary or one replica between neighbouring stages of the best
     partitions while that simulates faster (``LOCAL_ROUNDS`` at most).
     """
     state = _Search(graph, config)
     state.run(parts)
-    if parts and parts[0].search != "exhaustive":
+    # The local search costs a plan per neighbour: on a big graph (hundreds of layers at a boundary) not run.
+    small = bool(parts) and parts[0].problem.size <= BALANCED_MAX_NODES
+    if small and parts[0].search != "exhaustive":
         for _ in range(LOCAL_ROUNDS):
             before = state.best
             for seed in _distinct_partitions(state.tried, LOCAL_SEEDS):
@@ -311,8 +319,12 @@ def candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[
             out.append(part)
 
     models = dict.fromkeys((config.cost_model, "pipedream", "pipedream-compute"))
+    scales = BANDWIDTH_SCALES
+    if problem.size > BALANCED_MAX_NODES:
+        # A big graph's DP takes seconds: there it runs once, as asked.
+        models, scales = {config.cost_model: None}, BANDWIDTH_SCALES[:1]
     for model in models:
-        for scale in BANDWIDTH_SCALES:
+        for scale in scales:
             bandwidths = tuple(b * scale for b in config.bandwidths)
             for memory in dict.fromkeys((None, config.memory)):
                 try:
