@@ -319,7 +319,7 @@ def candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[
             out.append(part)
 
     models = dict.fromkeys((config.cost_model, "pipedream", "pipedream-compute"))
-    scales = BANDWIDTH_SCALES
+    scales: tuple[float, ...] = BANDWIDTH_SCALES
     if problem.size > BALANCED_MAX_NODES:
         # A big graph's DP takes seconds: there it runs once, as asked.
         models, scales = {config.cost_model: None}, BANDWIDTH_SCALES[:1]
