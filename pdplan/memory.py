@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from shared.graph import LayerGraph
 from shared.plan import Plan, StageMemory
-from shared.schedule import build_program, max_in_flight
+from shared.schedule import ScheduleError, build_program, max_in_flight
 
 # Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
 # momentum is set; Adam keeps exp_avg and exp_avg_sq).
@@ -51,29 +51,38 @@ def saved_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
 
 def held_units(plan: Plan) -> list[int]:
     """Per stage, the most units one of its workers holds at once under the plan's schedule."""
-    return list(
-        _held(
-            plan.schedule,
-            tuple(s.replicas for s in plan.stages),
-            plan.microbatches,
-            plan.in_flight if plan.schedule == "1f1b" else None,
-        )
+    v = plan.virtual_stages
+    workers = len(plan.stages) // v
+    held = _held(
+        plan.schedule,
+        tuple(s.replicas for s in plan.stages[:workers]),
+        plan.microbatches,
+        plan.in_flight if plan.schedule == "1f1b" else None,
+        v,
     )
+    # A chunk of an interleaved worker: the worker's count (its chunks' units together, an upper bound).
+    return [held[s % workers] for s in range(len(plan.stages))]
 
 
 @functools.lru_cache(maxsize=4096)
 def _held(
-    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None
+    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None, chunks: int
 ) -> tuple[int, ...]:
     """Read off the program pdrun runs, over enough units that the peak is reached: one flush
     step, or a 1F1B run well past its warm-up at every stage."""
     period = math.lcm(*replicas, microbatches)
-    if schedule == "1f1b":
-        wanted = 2 * ((in_flight or 1) + len(replicas)) * max(replicas)
+    if schedule in ("1f1b", "2bw"):
+        wanted = 2 * ((in_flight or microbatches) + len(replicas)) * max(replicas) * max(1, microbatches)
     else:
         wanted = microbatches
     units = -(-wanted // period) * period
-    program = build_program(schedule, replicas, units, microbatches=microbatches, in_flight=in_flight)
+    try:
+        program = build_program(
+            schedule, replicas, units, microbatches=microbatches, in_flight=in_flight, chunks=chunks
+        )
+    except ScheduleError:
+        # Options this schedule refuses (pdplan.more_schedules fixes them after the DP): all M held.
+        return tuple(max(1, microbatches) for _ in replicas)
     peaks = max_in_flight(program)
     return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
 
@@ -85,7 +94,9 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     out = []
     for s, stage in enumerate(plan.stages):
         p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
-        if plan.schedule != "1f1b":
+        if plan.schedule == "2bw":
+            versions = 2  # PipeDream-2BW: the live weights and one shadow version
+        elif plan.schedule != "1f1b":
             versions = 1
         elif plan.vertical_sync:
             versions = max(held[0], held[s])
