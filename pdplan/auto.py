@@ -34,7 +34,7 @@ from pdplan.antichain import cut_bytes
 from pdplan.build import Partition, PlanConfig, assemble, dp_partition, memory_text, over_memory, with_memory
 from pdplan.costs import span_bandwidth
 from pdplan.memory import held_units
-from pdplan.problem import Problem, prepare
+from pdplan.problem import Problem, prepare_layers
 from pdplan.schedule_sim import simulate_plan, stage_costs
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
@@ -77,7 +77,7 @@ def auto_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
     """The fastest simulated plan of :func:`candidates` x schedules x M that fits ``config.memory``."""
     config.levels()  # validate before searching
     began = time.perf_counter()
-    problem = prepare(graph.to_networkx())
+    problem = prepare_layers(graph)
     parts = candidates(graph, config, problem)
     tried, leanest = search(graph, config, parts)
     if not tried and leanest is None:
