@@ -351,14 +351,31 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
     return _train_loop(s, rank, world, step, opt, compute, model if rank == 0 else None, epoch)
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward hands the gradient on in the default (contiguous) layout."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
 class _Contiguous(nn.Module):
-    """A stage whose outputs leave in the default (contiguous) layout, whatever layout it computes in."""
+    """A stage whose outputs, and its inputs' gradients, leave in the default (contiguous) layout,
+    whatever layout it computes in: gloo sends nothing else. A stage that opens with a convolution on
+    NHWC weights (a cut after a pooling layer) computes its input's gradient channels-last."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, *args: Any) -> Any:
+        args = tuple(
+            _ContiguousGrad.apply(a) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args
+        )
         out = self.inner(*args)
         if isinstance(out, tuple):
             return tuple(o.contiguous() if isinstance(o, torch.Tensor) else o for o in out)

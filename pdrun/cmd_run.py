@@ -49,6 +49,13 @@ from shared.plan import SCHEDULES, Plan, load_plan
     show_default=True,
     help="cosine: decay the learning rate to 0 over the run.",
 )
+@click.option(
+    "--warmup-steps",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Ramp the learning rate up linearly over the first N optimizer steps.",
+)
 @click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), help="Override the plan's schedule.")
@@ -152,6 +159,7 @@ def run(
     optimizer: Optimizer,
     lr: float,
     lr_schedule: LrSchedule,
+    warmup_steps: int,
     momentum: float,
     weight_decay: float,
     schedule: str | None,
@@ -194,6 +202,7 @@ def run(
         lr=lr,
         momentum=momentum,
         lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps,
         weight_decay=weight_decay,
         schedule=schedule,
         microbatches=microbatches,

@@ -30,6 +30,9 @@ class RunConfig:
     optimizer: Optimizer = "sgd"
     lr: float = 0.01
     lr_schedule: LrSchedule = "constant"  # cosine: lr * (1 + cos(pi * step / steps)) / 2
+    # Optimizer steps over which the learning rate ramps up linearly to its schedule (Goyal et al., 2017,
+    # "gradual warmup"): the first steps' large gradients otherwise throw a stale pipeline stage off.
+    warmup_steps: int = 0
     momentum: float = 0.0
     weight_decay: float = 0.0
     schedule: str | None = None  # overrides the plan's
@@ -63,10 +66,13 @@ class RunConfig:
     launcher_pid: int | None = None  # set by the launcher: workers stop when this process is gone
 
     def lr_at(self, step: int, total: int) -> float:
-        """The learning rate of optimizer step ``step`` out of ``total``."""
+        """The learning rate of optimizer step ``step`` (from 0) out of ``total``."""
+        lr = self.lr
         if self.lr_schedule == "cosine" and total > 0:
-            return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
-        return self.lr
+            lr *= 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+        if step < self.warmup_steps:
+            lr *= (step + 1) / self.warmup_steps
+        return lr
 
 
 def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str | None]:

@@ -73,3 +73,32 @@ def test_pipelining_baseline_in_channels_last_trains_the_same_cnn() -> None:
     result = run("pipe-gpipe", s)
     assert result.steps == 2 and result.samples_per_s > 0
     torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-4, atol=1e-5)
+
+
+def _cut_after(s: Settings, last_of_stage0: str) -> Settings:
+    """``s`` split into two stages after the layer ``last_of_stage0`` (in the traced order)."""
+    from shared.tracer import trace
+
+    names = [layer.name for layer in trace(build_model(s), s.trace).layers]
+    cut = names.index(last_of_stage0) + 1
+    return Settings(**{**s.__dict__, "stage_of": {n: int(i >= cut) for i, n in enumerate(names)}})
+
+
+def test_pipelining_baseline_in_channels_last_runs_a_cut_before_a_convolution() -> None:
+    # The planner may cut after pool1, so stage 1 opens with a convolution: in NHWC its input gradient
+    # comes out channels-last, which gloo refuses to send ("input tensor has to be contiguous") unless the
+    # stage hands it back contiguous too. Both schedules, losses as sequential training's.
+    base = _two_stages(
+        model="zoo:mnist_cnn",
+        model_args={"channels": 4},
+        data="zoo:synthetic",
+        data_args={"size": 64, "shape": (1, 28, 28)},
+        steps=2,
+        channels_last=True,
+    )
+    s = _cut_after(base, "pool1")
+    assert s.stage_of["conv2"] == 1 and s.stage_of["pool1"] == 0
+    for system in ("pipe-1f1b", "pipe-gpipe"):
+        result = run(system, s)
+        assert result.steps == 2 and result.samples_per_s > 0
+        torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-4, atol=1e-5)
