@@ -374,7 +374,8 @@ class _Contiguous(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         args = tuple(
-            _ContiguousGrad.apply(a) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args
+            _ContiguousGrad.apply(a) if isinstance(a, torch.Tensor) and a.requires_grad else a  # type: ignore[no-untyped-call]
+            for a in args
         )
         out = self.inner(*args)
         if isinstance(out, tuple):
@@ -394,7 +395,7 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     if len(stages.modules) != world:
         raise UserError(f"pipelining: the split has {len(stages.modules)} stages, run with as many workers")
     patch_pipelining(s.bandwidth)
-    module = stages.modules[rank]
+    module: nn.Module = stages.modules[rank]
     if s.channels_last:
         from shared.layout import module_to_channels_last
 

@@ -60,11 +60,12 @@ def accuracy(rows: list[dict[str, Any]], target: float, path: Path) -> str:
     fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.4), sharey=True, squeeze=False)
     for ax, link in zip(axes[0], links, strict=True):
         for system in sorted({r["system"] for r in rows}):
-            pts = [
-                (r["train_s"], r["val_accuracy"]) for r in rows if r["link"] == link and r["system"] == system
-            ]
+            mine = [r for r in rows if r["link"] == link and r["system"] == system]
+            pts = [(r["train_s"], r["val_accuracy"]) for r in mine]
+            # Each system at its own learning rate (bench.bench_accuracy's sweep): the label says which.
+            label = f"{system}, lr {mine[0]['lr']:g}" if mine and "lr" in mine[0] else system
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
         ax.set_title(f"{link} link")
         ax.set_xlabel("training seconds (validation after each epoch)")
