@@ -102,3 +102,24 @@ def test_pipelining_baseline_in_channels_last_runs_a_cut_before_a_convolution() 
         result = run(system, s)
         assert result.steps == 2 and result.samples_per_s > 0
         torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-4, atol=1e-5)
+
+
+def test_ideal_busy_fraction_is_the_schedules_own_limit() -> None:
+    # bench_runtime's ideal: the planner's simulation of the very program pdrun runs. One worker is never
+    # idle; two stages under GPipe with one microbatch take turns (about half); more microbatches fill
+    # the pipeline; asynchronous 1F1B, flushing never, is above every flush schedule of few microbatches.
+    from bench.bench_planner import synthetic_chain
+    from bench.bench_runtime import ideal_busy_fraction
+    from pdplan.build import PlanConfig, make_plan
+
+    graph = synthetic_chain(8, seed=1)
+    one = make_plan(graph, PlanConfig(workers=(1,), bandwidths=(1e12,)))
+    assert len(one.stages) == 1
+    for schedule in ("1f1b", "1f1b-flush", "gpipe"):
+        assert math.isclose(ideal_busy_fraction(graph, one, schedule, 4), 1.0, rel_tol=1e-9)
+    two = make_plan(graph, PlanConfig(workers=(2,), bandwidths=(1e12,), straight=True))
+    assert len(two.stages) == 2
+    gpipe = [ideal_busy_fraction(graph, two, "gpipe", m) for m in (1, 2, 8)]
+    assert 0.4 < gpipe[0] <= 0.5 + 1e-9 and gpipe[0] < gpipe[1] < gpipe[2] < 1.0
+    async_1f1b = ideal_busy_fraction(graph, two, "1f1b", 4)
+    assert gpipe[1] < async_1f1b < 1.0
