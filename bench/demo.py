@@ -53,6 +53,11 @@ def _shell(command: str, env: dict[str, str]) -> int:
     return subprocess.run(["bash", "-o", "pipefail", "-c", command], env=env, check=False).returncode
 
 
+def _num(value: float) -> str:
+    """A number as a person writes it on a command line: 1e8, not 1e+08."""
+    return f"{value:.4g}".replace("e+0", "e").replace("e+", "e")
+
+
 def _show(command: str) -> None:
     console.print(command.replace(str(Path(sys.executable).parent) + "/", ""), markup=False)
 
@@ -118,12 +123,12 @@ def main() -> int:
         if link is None:
             return 1
         bandwidth, latency = link
-        link_opts, emulate = f"--bandwidth {bandwidth:.4g} --latency {latency:.3g}", ""
+        link_opts, emulate = f"--bandwidth {_num(bandwidth)} --latency {latency:.3g}", ""
     else:
         bandwidth, latency = args.bandwidth, 0.0
         # The emulated link sleeps in the sender, so the planner's simulation keeps the sender busy for it.
-        link_opts = f"--bandwidth {bandwidth:g} --blocking-sends yes"
-        emulate = f"PIPEDREAM_EMULATE_BANDWIDTH={bandwidth:g} "
+        link_opts = f"--bandwidth {_num(bandwidth)} --blocking-sends yes"
+        emulate = f"PIPEDREAM_EMULATE_BANDWIDTH={_num(bandwidth)} "
     pipeline = (
         f"{q(_bin('pdprof'))} --model {q(args.model)} --data {q(args.data)} --batch-size {args.batch_size} "
         f"--momentum 0.9 --concurrent {args.workers} --table {q(str(table))} | tee {q(str(graph))} | "
@@ -140,7 +145,7 @@ def main() -> int:
     if not args.no_sequential:
         console.rule("[bold]the same recipe on one worker: sequential training")
         seq = (
-            f"{q(_bin('pdplan'))} {q(str(graph))} --workers 1 --bandwidth {bandwidth:g} --schedule 1f1b "
+            f"{q(_bin('pdplan'))} {q(str(graph))} --workers 1 --bandwidth {_num(bandwidth)} --schedule 1f1b "
             f"-o {q(str(seq_plan))} && {q(_bin('pdrun'))} {q(str(seq_plan))} --epochs {args.epochs} "
             f"{args.train_args} --metrics {q(str(seq_metrics))} > {q(str(seq_summary))}"
         )
