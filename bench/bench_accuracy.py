@@ -6,11 +6,13 @@ stashing) and 1F1B-flush (4 units of 64 per step) run the planner's 2-stage plan
 the whole model on both workers, 128 samples each per step. So the systems take optimizer
 steps of different sizes (64, 256 and 256 samples): compared at one learning rate, the one
 with four times the steps wins by the steps, not by the pipeline. Each system therefore runs
-at its own best learning rate from the same small sweep (``Config.lrs``, momentum fixed):
-the sweep runs on the fast link (a run's accuracy after each epoch does not depend on the
-link, only its time does), the best rate is the one reaching the target in the fewest epochs
-(ties: the higher final accuracy; accuracy is a property of the arithmetic, so the choice does
-not depend on how loaded the host is), and the slow link reruns each system at its chosen rate.
+at its own best learning rate from the same small sweep (``Config.lrs``, momentum fixed): the
+best rate is the one reaching the target in the fewest epochs (ties: the higher final accuracy;
+accuracy is a property of the arithmetic, so the choice does not depend on how loaded the host
+is). 1F1B-flush and DDP compute what one process computes whatever the split, so their sweep
+runs on the fast link and the slow link reruns the chosen rate; asynchronous 1F1B's arithmetic
+depends on the split (which layers run a step stale), and the planner may cut the two links'
+plans differently, so it sweeps on each link.
 All use the same seed and data order. Validation accuracy is measured after every epoch;
 training time excludes validation (pdrun: the sum of the time each rank spends in its
 instructions, the slowest rank; DDP: a clock paused while rank 0 validates). Time to accuracy
@@ -149,19 +151,28 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
         cmds.append(toolchain.plan(graph, plans[link], 2, bandwidth, "1f1b", 1, straight=True).cmd)
     sweep: list[Curve] = []
     curves: list[Curve] = []
+    links = {"fast": None, "slow": cfg.slow_bandwidth}
     for system in SYSTEMS:
-        tried = [run_curve(system, plans["fast"], cfg, work, "fast", None, lr) for lr in cfg.lrs]
-        sweep += tried
-        chosen = best(tried, cfg.target)
-        curves.append(chosen)
-        curves.append(run_curve(system, plans["slow"], cfg, work, "slow", cfg.slow_bandwidth, chosen.lr))
+        # Asynchronous 1F1B's arithmetic depends on the split (which layers run stale), and the two links'
+        # plans may cut in different places: it sweeps on each. 1F1B-flush and DDP compute what one
+        # process computes, whatever the split: their sweep on the fast link holds for the slow one.
+        swept = ("fast", "slow") if system == "pdrun 1f1b" else ("fast",)
+        for link in swept:
+            tried = [run_curve(system, plans[link], cfg, work, link, links[link], lr) for lr in cfg.lrs]
+            sweep += tried
+            curves.append(best(tried, cfg.target))
+        if "slow" not in swept:
+            rate = curves[-1].lr
+            curves.append(run_curve(system, plans["slow"], cfg, work, "slow", cfg.slow_bandwidth, rate))
     report.notes.append(
         f"{cfg.model} on {cfg.data}, {cfg.epochs} epochs, target validation accuracy {cfg.target:.0%}, SGD "
         f"momentum {cfg.momentum}. The systems step at different sizes (asynchronous 1F1B every "
         f"{cfg.batch_size} samples, 1F1B-flush and DDP every {cfg.batch_size * cfg.microbatches}), so each "
-        f"runs at its own best learning rate from the same sweep ({', '.join(f'{lr:g}' for lr in cfg.lrs)}, "
-        f"on the fast link; best: fewest epochs to the target, then the higher final accuracy), and the slow "
-        f"link reruns it at that rate; the sweep's table shows every run. Slow link: {cfg.slow_bandwidth:g} "
+        f"runs at its own best learning rate from the same sweep ({', '.join(f'{lr:g}' for lr in cfg.lrs)}; "
+        f"best: fewest epochs to the target, then the higher final accuracy). 1F1B-flush and DDP train what "
+        f"one process trains whatever the split: they sweep on the fast link and the slow link reruns their "
+        f"rate; asynchronous 1F1B depends on the split, which the two links' plans may place differently: "
+        f"it sweeps on each. The sweep's table shows every run. Slow link: {cfg.slow_bandwidth:g} "
         f"bytes/s emulated by a sleep of bytes/bandwidth before every send (pipelines) or every all-reduce "
         f"bucket (DDP, for the 2(n-1)/n share a ring sends). Plans: {' && '.join(cmds)}"
     )
@@ -198,6 +209,7 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
     report.tables["learning_rate_sweep"] = [
         {
             "system": c.system,
+            "link": c.link,
             "lr": c.lr,
             "samples_per_step": c.samples_per_step,
             "epochs_to_target": c.epochs_to(cfg.target),

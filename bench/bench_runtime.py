@@ -31,6 +31,7 @@ from bench.measure import Figure, PdrunTiming, Report, check, pdrun_timing, work
 from pdplan.schedule_sim import simulate_plan, stage_costs
 from shared.graph import LayerGraph, load_graph
 from shared.plan import Plan, load_plan
+from shared.zoo.datasets.pydoc_text import VOCAB_SIZE as PYDOC_VOCAB
 
 # pdrun runs: label -> (schedule, --memory-format). The "nchw" runs keep the contiguous layout the
 # baselines run in, so the table shows what the layout brings apart from the runtime itself.
@@ -112,7 +113,14 @@ GPT = Case(
     "zoo:gpt",
     "zoo:pydoc_text",
     16,
-    model_args=(("n_layer", 4), ("n_embd", 256), ("n_head", 4)),
+    # The zoo builds GPT-2 small's vocabulary and context unless told: pydoc_text's characters, 64 of them.
+    model_args=(
+        ("n_layer", 4),
+        ("n_embd", 256),
+        ("n_head", 4),
+        ("block_size", 64),
+        ("vocab_size", PYDOC_VOCAB),
+    ),
     pdrun_runs=("1f1b-flush", "gpipe", "1f1b"),
     baselines=("pipe-1f1b", "pipe-gpipe", "single", "ddp"),
     pairs=(
@@ -124,7 +132,7 @@ GPT = Case(
         ("1f1b-flush", "ddp", "pdrun 1F1B-flush / DDP"),
     ),
     target=None,
-    steps=20,
+    steps=12,
 )
 CASES = (CNN, GPT)
 
