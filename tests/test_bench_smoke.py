@@ -123,3 +123,24 @@ def test_ideal_busy_fraction_is_the_schedules_own_limit() -> None:
     assert 0.4 < gpipe[0] <= 0.5 + 1e-9 and gpipe[0] < gpipe[1] < gpipe[2] < 1.0
     async_1f1b = ideal_busy_fraction(graph, two, "1f1b", 4)
     assert gpipe[1] < async_1f1b < 1.0
+
+
+def test_time_to_accuracy_keeps_each_systems_best_rate_from_the_sweep() -> None:
+    # Fewest epochs to the target first, then the higher final accuracy, then the smaller rate; a run that
+    # never reaches the target loses to every run that does.
+    from bench.bench_accuracy import Curve, best
+
+    def curve(lr: float, accs: list[float]) -> Curve:
+        return Curve("ddp", "fast", lr, 256, [(float(i + 1), a) for i, a in enumerate(accs)], "")
+
+    never, late, early, early_better = (
+        curve(0.1, [0.2, 0.3, 0.4]),
+        curve(0.01, [0.5, 0.8, 0.95]),
+        curve(0.05, [0.91, 0.93, 0.94]),
+        curve(0.02, [0.92, 0.95, 0.96]),
+    )
+    assert best([never, late], 0.9) is late
+    assert best([late, early], 0.9) is early
+    assert best([early, early_better, late], 0.9) is early_better
+    assert best([curve(0.05, [0.95]), curve(0.02, [0.95])], 0.9).lr == 0.02
+    assert early.epochs_to(0.9) == 1 and never.epochs_to(0.9) is None and late.time_to(0.9) == 3.0
