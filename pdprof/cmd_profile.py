@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pdprof.profiler import ProfileConfig, ProfileResult, Statistic, profile_spec
 from pdprof.report import summary_line
 from pdprof.update import OptimizerName
-from shared.cli import console, parse_kv
+from shared.cli import console, parse_kv, rich_console
 from shared.graph import graph_json
 from shared.io import write_output
 from shared.layout import MemoryFormat
@@ -21,15 +21,16 @@ from shared.tables import PROFILE_TABLE, save_table
 
 @contextmanager
 def _progress_bar() -> Iterator[Progress]:
+    real = rich_console()
     bar = Progress(
         TextColumn("[bold]pdprof[/] {task.description:<8}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=real,
         transient=True,
         # A bar only on a terminal: into a log file or a pipe a live display leaves blank lines.
-        disable=not console.is_terminal,
+        disable=not real.is_terminal,
     )
     with bar:
         yield bar

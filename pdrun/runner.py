@@ -512,7 +512,7 @@ class _Progress:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from shared.cli import console
+        from shared.cli import rich_console
 
         self.bar = Progress(
             TextColumn("[bold]pdrun"),
@@ -520,7 +520,7 @@ class _Progress:
             MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(),
-            console=console,
+            console=rich_console(),
             transient=False,
         )
         self.task = self.bar.add_task("train", total=total, info="")

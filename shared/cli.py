@@ -30,6 +30,10 @@ class _LazyConsole:
     _real: Console | None = None
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+    def real(self) -> Console:
+        """The console itself, for rich objects that take one (``Progress(console=...)`` enters it)."""
         if _LazyConsole._real is None:
             from rich.console import Console
 
@@ -39,10 +43,16 @@ class _LazyConsole:
             _LazyConsole._real = Console(
                 stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 120
             )
-        return getattr(_LazyConsole._real, name)
+        return _LazyConsole._real
 
 
-console = cast("Console", _LazyConsole())
+_lazy = _LazyConsole()
+console = cast("Console", _lazy)
+
+
+def rich_console() -> Console:
+    """The real console, built on first use: hand this, not ``console``, to a rich object that takes one."""
+    return _lazy.real()
 
 
 def say(line: str) -> None:
