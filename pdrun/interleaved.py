@@ -74,6 +74,10 @@ def check_chunked(plan: Plan, cfg: RunConfig, source: str = "plan") -> None:
             f"{source}: virtual_stages: an interleaved-1f1b run does not checkpoint or resume yet; "
             "drop --checkpoint-dir/--resume"
         )
+    if cfg.trace:
+        raise UserError(
+            f"{source}: virtual_stages: an interleaved-1f1b run records no timeline yet; drop --trace"
+        )
 
 
 def chunk_chain(plan: Plan, edges: list[tuple[int, int]], source: str = "plan") -> None:
@@ -223,11 +227,14 @@ def train_interleaved(
     for length in segs.lengths:
         run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base)
         base += length
-    shown = next((w for w in chunks if w.stage.has_output), chunks[0])  # the loss lives on the last chunk
+    c_shown = next(
+        (c for c, w in enumerate(chunks) if w.stage.has_output), 0
+    )  # the loss lives on the last chunk
+    shown = chunks[c_shown]
     merged = {k: p.detach().cpu().clone() for w in chunks for k, p in w.stage.module.named_parameters()}
     result = WorkerResult(
         rank=env.rank,
-        stage=s,
+        stage=c_shown * n + s,  # the shown chunk's stage: the summary takes the loss from the last stage
         replica=replica,
         steps=shown.run_steps,
         units=base,

@@ -94,7 +94,7 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
                     "epoch": entry["epoch"],
                     "step": entry["step"],
                     "val_loss": entry["loss_sum"] / count if count else None,
-                    "val_accuracy": entry["correct"] / count if count else None,
+                    "val_accuracy": entry["correct"] / entry["scored"] if entry["scored"] else None,
                 }
             )
         out["validation"] = per_epoch

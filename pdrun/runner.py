@@ -458,17 +458,20 @@ def _train(
                     save_checkpoint()
             last = epoch == len(segs.lengths) - 1
             if val_units is not None and (segs.epochs or last):
-                loss_sum, correct, count = worker.validate(val_units, pipe)
+                loss_sum, correct, count, scored = worker.validate(val_units, pipe)
                 if stage.has_output and group is not None:
-                    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=worker.comm.wire)
+                    t = torch.tensor(
+                        [loss_sum, correct, count, scored], dtype=torch.float64, device=worker.comm.wire
+                    )
                     dist.all_reduce(t, group=group)
-                    loss_sum, correct, count = float(t[0]), int(t[1]), int(t[2])
+                    loss_sum, correct, count, scored = float(t[0]), int(t[1]), int(t[2]), int(t[3])
                 entry = {
                     "epoch": epoch,
                     "step": worker.run_steps,
                     "loss_sum": loss_sum,
                     "correct": correct,
                     "count": count,
+                    "scored": scored,
                 }
                 validation.append(entry)
                 progress.validated(entry)
@@ -533,7 +536,7 @@ class _Progress:
 
     def validated(self, entry: dict[str, Any]) -> None:
         if self.bar is not None and entry["count"]:
-            acc = entry["correct"] / entry["count"]
+            acc = entry["correct"] / entry["scored"] if entry["scored"] else 0.0
             self.bar.console.print(
                 f"epoch {entry['epoch']}: val loss {entry['loss_sum'] / entry['count']:.4f}, accuracy {acc:.2%}"
             )

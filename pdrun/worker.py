@@ -30,6 +30,7 @@ from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, lea
 from pdrun.weights import Params, WeightVersions, fingerprint
 from pdrun.zero_bubble import SplitBackward
 from shared.layout import inputs_to_channels_last
+from shared.resolve import IGNORE_INDEX
 from shared.schedule import ForwardOnly, Instr, Kind, Pipeline, worker_program
 
 _RECEIVES = (Kind.RECV_ACT, Kind.RECV_GRAD)
@@ -490,8 +491,11 @@ class Worker:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, units: Units, pipe: Pipeline) -> tuple[float, int, int]:
-        """Forward-only pass over ``units`` through the pipeline: (loss sum, correct, samples) on the last stage.
+    def validate(self, units: Units, pipe: Pipeline) -> tuple[float, int, int, int]:
+        """Forward-only pass over ``units`` through the pipeline: (loss sum, correct, samples, scored) on the last stage.
+
+        ``scored`` is how many predictions ``correct`` was counted over: one per sample for class
+        targets, one per target token (not ``-100``) for sequence targets ``(N, T)``.
 
         It runs the ``forward`` schedule's program (``shared.schedule.ForwardOnly``): one
         forward per unit, its receives before it and its sends after it, as training does.
@@ -519,7 +523,7 @@ class Worker:
                 self.comm.send(self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0])), peer, TAG_VAL)
         self.comm.drain()
         self.stage.module.train()
-        return tally.loss_sum, tally.correct, tally.count
+        return tally.loss_sum, tally.correct, tally.count, tally.scored
 
     def _val_forward(self, v: int, units: Units, tally: _Tally) -> None:
         received = self.inbox.pop(v, {})
@@ -533,7 +537,9 @@ class Worker:
             real = units.real(v)
             output, target = _head(output, real), to_device(target, self.device, self.dtype)[:real]
             tally.loss_sum += float(self.loss_fn(output, target)) * real
-            tally.correct += _correct(output, target)
+            hits, scored = _correct(output, target)
+            tally.correct += hits
+            tally.scored += scored
             tally.count += real
 
 
@@ -544,6 +550,7 @@ class _Tally:
     loss_sum: float = 0.0
     correct: int = 0
     count: int = 0
+    scored: int = 0  # the predictions ``correct`` counts among (tokens, for sequence targets)
 
 
 class _Ahead:
@@ -601,12 +608,18 @@ def _head(output: Any, n: int) -> Any:
     return output
 
 
-def _correct(output: Any, target: torch.Tensor) -> int:
-    """Top-1 hits for class targets; 0 when the task is not classification."""
+def _correct(output: Any, target: torch.Tensor) -> tuple[int, int]:
+    """(top-1 hits, predictions scored) for class or token targets; (0, samples) when not classification.
+
+    A sequence target ``(N, T)`` scores every token but those the loss ignores (``-100``), so
+    the accuracy is per token, as the loss is.
+    """
     main = output[0] if isinstance(output, (tuple, list)) else output
+    samples = int(target.shape[0]) if target.dim() else 1
     if not isinstance(main, torch.Tensor) or target.is_floating_point() or main.dim() < 2:
-        return 0
+        return 0, samples
     pred = main.argmax(-1)
     if pred.shape != target.shape:
-        return 0
-    return int((pred == target).sum())
+        return 0, samples
+    kept = target != IGNORE_INDEX
+    return int(((pred == target) & kept).sum()), int(kept.sum())

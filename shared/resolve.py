@@ -21,6 +21,7 @@ from shared.spec import file_target
 
 FORMS = "zoo:NAME, package.module:callable or path/to/file.py:callable"
 _ZOO_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+IGNORE_INDEX = -100  # the target the built-in cross_entropy skips (padding); validation scores none
 
 
 def _zoo_name(spec: str, kind: str) -> str:
@@ -157,7 +158,9 @@ def cross_entropy(output: Any, target: Any) -> Any:
 
     def ce(logits: Any) -> Any:
         if logits.dim() == 3:
-            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100)
+            return F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=IGNORE_INDEX
+            )
         return F.cross_entropy(logits, target)
 
     loss = ce(main)

@@ -12,6 +12,7 @@ import torch
 
 from pdrun.config import RunConfig
 from pdrun.launch import launch
+from pdrun.metrics import summary
 from pdrun.plans import cut_plan
 from shared.errors import UserError
 from shared.plan import Plan
@@ -54,16 +55,21 @@ def test_interleaved_equals_sequential(
     assert_same(pipeline_params(results), want, 1e-6)
     assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
     assert all(r.steps == steps for r in results)
-    last = next(r for r in results if r.stage == workers - 1)
+    # The last worker reports the last chunk's stage, so the summary finds its losses.
+    last = next(r for r in results if r.stage == len(plan.stages) - 1)
+    assert last.rank == workers - 1
     assert [row["step"] for row in last.rows] == list(range(steps)) and all(
         0 < row["loss"] < 10 for row in last.rows
     )
+    assert summary(results, plan)["final_loss"] == last.rows[-1]["loss"]
 
 
 def test_interleaved_refuses_before_training(tmp_path: object) -> None:
     plan = interleaved_plan([3, 6, 9], 2, 2, 8, 4)
     with pytest.raises(UserError, match="does not checkpoint or resume yet"):
         launch(plan, RunConfig(steps=2, checkpoint_dir=str(tmp_path), validate=False))
+    with pytest.raises(UserError, match="records no timeline yet; drop --trace"):
+        launch(plan, RunConfig(steps=2, trace=str(tmp_path) + "/t.json", validate=False))
     # A skip connection from chunk 1 to chunk 3 is no chain of chunks: one line, before any worker starts.
     plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4)
     with pytest.raises(UserError, match=r"interleaved-1f1b sends values only to the next chunk.*\(1, 3\)"):
