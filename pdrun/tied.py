@@ -94,7 +94,13 @@ def find_ties(traced: TracedModel, part: Partition) -> list[Tie]:
 
 
 def check_ties(plan: Plan, ties: list[Tie], source: str = "plan") -> None:
-    """Refuse what the tie sum cannot keep exact: under 1f1b, a tie over a replicated stage."""
+    """Refuse what the tie sum cannot keep exact: under 1f1b, a tie over a replicated stage; any under interleaving."""
+    if plan.virtual_stages > 1 and ties:
+        # The interleaved runner sums no tie: each chunk's copy would train on its own and drift apart.
+        raise PlanError(
+            f"{source}: virtual_stages: tied parameter {ties[0].label()}: interleaved-1f1b does not sum "
+            "tied gradients yet, so the copies would drift apart; untie the model or use another schedule"
+        )
     if plan.schedule != "1f1b":
         return
     for tie in ties:

@@ -20,6 +20,7 @@ from pdrun.plans import cut_plan, traced_for
 from pdrun.runner import WorkerResult
 from pdrun.tied import find_ties
 from shared.errors import PlanError
+from shared.plan import Plan
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
 from tests.test_run_flush import assert_same
@@ -172,5 +173,19 @@ def test_1f1b_refuses_a_tie_over_a_replicated_stage() -> None:
     plan = cut_plan(GPT, ["h_1_ln_1"], batch_size=4, schedule="1f1b", replicas=[2, 1])
     with pytest.raises(
         PlanError, match=r"tied parameter wte.weight \(stage 0\) = lm_head.weight \(stage 1\)"
+    ):
+        launch(plan, RunConfig(steps=2, validate=False))
+
+
+def test_interleaved_refuses_a_tie_before_training() -> None:
+    # The interleaved runner sums no tie: the copies of wte.weight and lm_head.weight drifted 0.09 apart in 5 steps.
+    flat = cut_plan(GPT, [12, 24, 36], batch_size=8, schedule="1f1b-flush", microbatches=2)
+    data = flat.model_dump(mode="json")
+    for v, stage in enumerate(data["stages"]):
+        stage["ranks"] = [v % 2]
+    data.update(schedule="interleaved-1f1b", virtual_stages=2, world_size=2, in_flight=2)
+    plan = Plan.model_validate(data)
+    with pytest.raises(
+        PlanError, match=r"wte\.weight \(stage 0\).*interleaved-1f1b does not sum tied gradients"
     ):
         launch(plan, RunConfig(steps=2, validate=False))
