@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from pdrun.runner import WorkerResult
+from pdrun.runner import WorkerResult, units_per_step
 from pdrun.worker import PARTS
 from shared.plan import Plan
 from shared.tables import RUN_METRICS, save_table
@@ -70,6 +70,9 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
     final = sum(losses[max(losses)]) / len(losses[max(losses)]) if losses else None
     units = max((r.units for r in results), default=0)  # global units trained, the same on every rank
     wall = max((sum(row["wall_s"] for row in r.rows) for r in results), default=0.0)
+    # A resumed run's units count from the checkpoint's; its throughput is of the units it trained itself.
+    resumed = next((r.resumed_from for r in results if r.resumed_from is not None), 0)
+    trained = units - resumed * units_per_step(plan)
     out: dict[str, Any] = {
         "schedule": plan.schedule,
         "stages": len(plan.stages),
@@ -78,7 +81,7 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "units": units,
         "samples": units * plan.batch_size,
         "final_loss": final,
-        "samples_per_s": units * plan.batch_size / wall if wall > 0 else None,
+        "samples_per_s": trained * plan.batch_size / wall if wall > 0 else None,
         "train_s": wall,
         "max_weight_versions": {r.rank: r.max_versions for r in results},
         # What carried each rank's messages: shared memory (every rank on this host) or gloo.

@@ -200,3 +200,16 @@ def test_1f1b_drains_at_each_checkpoint_and_resumes_like_the_run_that_was_not_st
     resumed = losses(tmp_path / "resumed.parquet")
     assert sorted(resumed) == [4, 5, 6, 7]
     assert all(resumed[s] == full[s] for s in resumed), (resumed, full)
+
+
+@pytest.mark.timeout(120)
+def test_resumed_throughput_counts_only_the_units_this_run_trained(tmp_path: Path) -> None:
+    # The summary's units count from the checkpoint's (6 steps), but the run trained 2 steps: its samples/s
+    # is of those (before the fix, a 2bw run resumed at step 8 of 10 claimed 3257 samples/s against ~900).
+    plan, ck = make_plan(tmp_path, "1f1b-flush"), tmp_path / "ck"
+    train(plan, "--steps", "6", "--checkpoint-dir", str(ck), "--checkpoint-every", "3")
+    summary = train(plan, "--steps", "2", "--resume", "--checkpoint-dir", str(ck))
+    assert summary["resumed_from_step"] == 6 and summary["units"] == 8 * M
+    rate, wall = summary["samples_per_s"], summary["train_s"]
+    assert isinstance(rate, float) and isinstance(wall, float)
+    assert rate * wall == pytest.approx(2 * M * 8, rel=1e-9)  # 2 steps of M units of batch 8
