@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from pdplan.build import PlanConfig, make_plan
 from pdplan.costs import data_parallel_time
-from shared.errors import UserError
+from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Plan
 from shared.schedule import make_pipeline, pipeline
@@ -65,7 +65,17 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
     n = config.workers[0]
     if n < 2:
         raise UserError(f"--workers: interleaved-1f1b needs at least 2 workers, got {n}")
-    chunks = make_plan(graph, replace(config, workers=(n * v,), straight=True, microbatches=None))
+    try:
+        chunks = make_plan(graph, replace(config, workers=(n * v,), straight=True, microbatches=None))
+    except PlanError as err:
+        if "layers to split" not in str(err):
+            raise
+        # make_plan's line speaks of the n * v straight workers it was given, not of the user's options.
+        raise PlanError(
+            f"graph: no plan fits: interleaved-1f1b cuts the graph into --virtual-stages x --workers = "
+            f"{v} x {n} = {n * v} chunks of consecutive layers, more than it has layers to split; "
+            "lower --virtual-stages or --workers"
+        ) from None
     stages = [stage.model_copy(update={"ranks": [s % n]}) for s, stage in enumerate(chunks.stages)]
     levels = config.levels()
     # A worker runs its V chunks one after another: its time is their sum (the DP balanced the chunks).

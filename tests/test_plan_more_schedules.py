@@ -78,6 +78,8 @@ def test_2bw_steps_over_the_units_in_flight_by_default() -> None:
         (["--schedule", "interleaved-1f1b", "--virtual-stages", "1"], "at least 2 chunks per worker"),
         (["--schedule", "zb-h1", "--virtual-stages", "2"], "zb-h1 runs one model chunk per worker"),
         (["--schedule", "interleaved-1f1b", "--memory", "1e9"], "not modelled for interleaved-1f1b"),
+        # Not make_plan's "--straight gives each of the 200 workers ...": the user gave neither.
+        (["--schedule", "interleaved-1f1b", "--virtual-stages", "50"], "= 50 x 4 = 200 chunks"),
     ],
 )
 def test_bad_options_are_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
