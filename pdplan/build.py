@@ -30,6 +30,7 @@ from pdplan.statecount import pipedream_states
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import SCHEDULES, Cluster, Level, Plan, Prediction, Stage, StagePrediction
+from shared.schedule import default_microbatches
 
 # pipedream: ../shared/DESIGN.md's model, activations and gradients crossing a cut charged
 # (2 O / (B r)); pipedream-compute: the paper's optimizer as it runs by default (without
@@ -201,8 +202,9 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         return auto_plan(graph, config)
     began = time.perf_counter()
     part = dp_partition(graph, config)
-    stages = len(part.stage_nodes)
-    microbatches = config.microbatches or (1 if config.schedule == "1f1b" else stages)
+    microbatches = config.microbatches or (
+        1 if config.schedule == "1f1b" else default_microbatches([len(r) for r in part.ranks])
+    )
     plan = assemble(graph, config, part, config.schedule, microbatches)
     plan = plan.model_copy(
         update={"predicted": plan.predicted.model_copy(update={"solve_s": time.perf_counter() - began})}  # type: ignore[union-attr]

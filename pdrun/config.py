@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from shared.layout import MemoryFormat
+from shared.schedule import default_microbatches
 
 if TYPE_CHECKING:
     from shared.plan import Plan
@@ -81,8 +82,8 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
     1F1B (PipeDream's asynchronous schedule) steps after every unit, so ``--microbatches``
     cannot apply to it: dropped, and said. A flush schedule asked of a 1F1B plan would inherit that
     plan's one unit per step, with nothing to pipeline (the replicas of a stage taking turns);
-    it gets the plan's NOAM instead, the units that fill its pipeline (every worker has work),
-    which is the stage count for a straight pipeline, unless ``--microbatches`` says otherwise.
+    it gets the planner's default instead (``default_microbatches``: the units that fill its
+    pipeline, every replica working), unless ``--microbatches`` says otherwise.
     """
     schedule = cfg.schedule or plan.schedule
     if schedule == "1f1b":
@@ -95,9 +96,9 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
         return cfg, None
     if cfg.microbatches is not None or plan.schedule != "1f1b":
         return cfg, None
-    chosen = plan.in_flight
+    chosen = default_microbatches([s.replicas for s in plan.stages])
     note = (
-        f"--schedule {schedule} on a 1f1b plan: {chosen} microbatches per step (the plan's units in flight, "
-        "which fill its pipeline); --microbatches M to choose"
+        f"--schedule {schedule} on a 1f1b plan: {chosen} microbatches per step (one per stage at least, "
+        "a multiple of each stage's replicas, to fill its pipeline); --microbatches M to choose"
     )
     return replace(cfg, microbatches=chosen), note

@@ -97,6 +97,18 @@ def worker_of_unit(stage: int, unit: int, replicas: Sequence[int]) -> Worker:
     return (stage, unit % replicas[stage])
 
 
+def default_microbatches(replicas: Sequence[int]) -> int:
+    """The units per step a flushing schedule takes unless told: enough to fill the pipeline.
+
+    At least one unit per stage (each stage has work once the pipeline is full), rounded up to a
+    multiple of every stage's replica count, so that each replica of a stage gets the same share of
+    the step's units (units go round-robin); with fewer, replicas take turns instead of working
+    at once (one stage of 2 replicas at M=1 simulated 11.78 ms against 5.89 ms at M=2).
+    """
+    whole = math.lcm(*replicas)
+    return -(-len(replicas) // whole) * whole
+
+
 def default_in_flight(replicas: Sequence[int]) -> int:
     """PipeDream's NOAM: ``ceil(workers / replicas of the input stage)`` units per input-stage worker.
 

@@ -143,3 +143,34 @@ def test_validate_refuses_a_cluster_that_disagrees_with_the_ranks(vgg: Path, tmp
     bad = _run([str(BIN / "pdplan"), "validate", str(edited), "--graph", str(vgg)])
     assert bad.returncode == 2
     assert b"cluster.levels: 2 x 2 = 4 workers but world_size is 8" in bad.stderr
+
+
+@pytest.mark.parametrize("schedule", ["1f1b-flush", "gpipe"])
+def test_a_flush_plan_of_replicas_defaults_to_a_unit_per_replica(tmp_path: Path, schedule: str) -> None:
+    # AlexNet on 2 workers at 1e12 B/s is data parallel (one stage, 2 replicas). The former default,
+    # one unit per stage, gave M=1: the replicas took turns (a 40% bubble in pdplan's own simulation).
+    graph, out = tmp_path / "alexnet.json", tmp_path / "plan.json"
+    assert (
+        _run(
+            [str(BIN / "pdprof"), "import-pipedream", str(PROFILES / "alexnet.txt"), "-o", str(graph)]
+        ).returncode
+        == 0
+    )
+    done = _run(
+        [
+            str(BIN / "pdplan"),
+            str(graph),
+            "--workers",
+            "2",
+            "--bandwidth",
+            "1e12",
+            "--schedule",
+            schedule,
+            "-o",
+            str(out),
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    plan = load_plan(out)
+    assert [s.replicas for s in plan.stages] == [2]
+    assert plan.microbatches == 2

@@ -122,8 +122,8 @@ def test_microbatches_on_1f1b_is_not_used_and_said(tmp_path: Path) -> None:
 def test_a_flush_schedule_on_a_1f1b_plan_fills_the_pipeline_and_says_so(
     tmp_path: Path, extra: list[str], units: int, note: bool
 ) -> None:
-    # A 2-stage plan with its first stage replicated: NOAM = ceil(3 / 2) = 2 units in flight. With one
-    # unit per step (the 1f1b plan's), the two replicas would take turns and nothing would overlap.
+    # A 2-stage plan with its first stage replicated: one unit per stage, rounded up to a multiple of 2
+    # replicas, is 2. With one unit per step (the 1f1b plan's), the two replicas would take turns.
     plan = _plan(tmp_path, replicas=[2, 1])
     res = CliRunner().invoke(
         pdrun_main, [str(plan), "--schedule", "1f1b-flush", "--steps", "3", "--no-val", "-q", *extra]
@@ -134,8 +134,8 @@ def test_a_flush_schedule_on_a_1f1b_plan_fills_the_pipeline_and_says_so(
     said = [line for line in res.stderr.splitlines() if "microbatches per step" in line]
     assert said == (
         [
-            "pdrun: --schedule 1f1b-flush on a 1f1b plan: 2 microbatches per step (the plan's units in "
-            "flight, which fill its pipeline); --microbatches M to choose"
+            "pdrun: --schedule 1f1b-flush on a 1f1b plan: 2 microbatches per step (one per stage at least, "
+            "a multiple of each stage's replicas, to fill its pipeline); --microbatches M to choose"
         ]
         if note
         else []

@@ -16,6 +16,7 @@ from shared.schedule import (
     build_program,
     compute_units,
     default_in_flight,
+    default_microbatches,
     max_in_flight,
     parse_instr,
     program_from_text,
@@ -308,3 +309,24 @@ def test_wrong_direction_and_uneven_all_reduce_are_rejected() -> None:
     program = _copy(build_program("1f1b", [2], 4))
     program[(0, 1)].remove(Instr(Kind.ALLREDUCE, 3))
     _rejects(program, r"stage 0's replicas join different numbers of all-reduces \(s0\.r0: 2, s0\.r1: 1\)")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        ([1], 1),
+        ([1, 1], 2),
+        ([1, 1, 1, 1], 4),
+        ([2], 2),
+        ([2, 1], 2),
+        ([2, 1, 1], 4),
+        ([3, 2], 6),
+        ([4, 4], 4),
+    ],
+)
+def test_default_microbatches_fill_every_stage_and_every_replica(replicas: list[int], expected: int) -> None:
+    # A flushing step's units go round-robin to a stage's replicas: M a multiple of every replica
+    # count gives each replica the same share, and M >= stages gives every stage work when full.
+    m = default_microbatches(replicas)
+    assert m == expected
+    assert m >= len(replicas) and all(m % r == 0 for r in replicas)
