@@ -380,6 +380,7 @@ def _train(
         peers=Peers(tuple(tuple(st.ranks) for st in plan.stages)),
         units=units,
         loss_fn=resolve_loss(spec.loss),
+        next_token=spec.loss == "causal_lm",
         optimizer=optimizer,
         versions=versions,
         comm=Comm(

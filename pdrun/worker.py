@@ -126,6 +126,7 @@ class Worker:
         trace: bool = False,
         channels_last: bool = False,
         split_backward: bool = False,
+        next_token: bool = False,
     ) -> None:
         self.rank = rank
         self.stage = stage
@@ -136,6 +137,7 @@ class Worker:
         self.peers = peers
         self.units = units
         self.loss_fn = loss_fn
+        self.next_token = next_token  # the loss scores logits at t against labels at t + 1 (causal_lm)
         self.optimizer = optimizer
         self.versions = versions
         self.comm = comm
@@ -537,7 +539,7 @@ class Worker:
             real = units.real(v)
             output, target = _head(output, real), to_device(target, self.device, self.dtype)[:real]
             tally.loss_sum += float(self.loss_fn(output, target)) * real
-            hits, scored = _correct(output, target)
+            hits, scored = _correct(output, target, next_token=self.next_token)
             tally.correct += hits
             tally.scored += scored
             tally.count += real
@@ -608,16 +610,19 @@ def _head(output: Any, n: int) -> Any:
     return output
 
 
-def _correct(output: Any, target: torch.Tensor) -> tuple[int, int]:
+def _correct(output: Any, target: torch.Tensor, *, next_token: bool = False) -> tuple[int, int]:
     """(top-1 hits, predictions scored) for class or token targets; (0, samples) when not classification.
 
     A sequence target ``(N, T)`` scores every token but those the loss ignores (``-100``), so
-    the accuracy is per token, as the loss is.
+    the accuracy is per token, as the loss is. With ``next_token`` (``causal_lm``, whose labels are
+    its inputs) the logits at 0..T-2 are scored against the labels at 1..T-1, the pairs its loss scores.
     """
     main = output[0] if isinstance(output, (tuple, list)) else output
     samples = int(target.shape[0]) if target.dim() else 1
     if not isinstance(main, torch.Tensor) or target.is_floating_point() or main.dim() < 2:
         return 0, samples
+    if next_token and main.dim() == 3 and target.dim() == 2:
+        main, target = main[:, :-1], target[:, 1:]
     pred = main.argmax(-1)
     if pred.shape != target.shape:
         return 0, samples
