@@ -7,6 +7,8 @@ same layers on the same data.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +33,28 @@ def profile_and_plan(
     loss: str | None = None,
     batch: int = 8,
     args: tuple[str, ...] = (),
+    data_args: tuple[str, ...] = (),
+    retime: Callable[[dict[str, Any]], None] | None = None,
 ) -> Plan:
-    """``pdprof --model M --data D [--loss L] | pdplan --workers 2 --straight`` (1f1b-flush, 4 microbatches)."""
+    """``pdprof --model M --data D [--loss L] | pdplan --workers 2 --straight`` (1f1b-flush, 4 microbatches).
+
+    ``args`` and ``data_args`` (``K=V``) go to ``--model-arg`` and ``--data-arg``; ``retime``, if
+    given, edits the profiled graph's nodes (their measured times) before pdplan reads it, to pin a cut.
+    """
     graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
     flags = ["--model", model, "--data", data, "--batch-size", str(batch), "--warmup", "0", "--repeats", "1"]
     flags += ["--loss", loss] if loss else []
     for a in args:
         flags += ["--model-arg", a]
+    for a in data_args:
+        flags += ["--data-arg", a]
     res = CliRunner().invoke(pdprof_main, [*flags, "-o", str(graph)])
     assert res.exit_code == 0, res.output
+    if retime is not None:
+        doc = json.loads(graph.read_text())
+        for node in doc["nodes"]:
+            retime(node)
+        graph.write_text(json.dumps(doc))
     res = CliRunner().invoke(
         pdplan_main,
         [str(graph), "--workers", "2", "--bandwidth", "1e9", "--straight", *FLUSH, "-o", str(plan)],
