@@ -97,6 +97,17 @@ def worker_of_unit(stage: int, unit: int, replicas: Sequence[int]) -> Worker:
     return (stage, unit % replicas[stage])
 
 
+def check_whole_steps(schedule: str, units: int, m: int) -> None:
+    """Refuse a run of ``units`` that is not a whole number of steps of ``m`` units (a flushing step)."""
+    if units < 1:
+        raise ScheduleError(f"units: {units} must be at least 1")
+    if units % m:
+        raise ScheduleError(
+            f"units: {units} is not a multiple of microbatches={m} "
+            f"({schedule} steps once per {m} units); use {units - units % m or m}"
+        )
+
+
 def default_microbatches(replicas: Sequence[int]) -> int:
     """The units per step a flushing schedule takes unless told: enough to fill the pipeline.
 
@@ -460,14 +471,7 @@ class _Flush(Schedule):
         raise NotImplementedError
 
     def check_units(self, pipe: Pipeline, units: int) -> None:
-        if units < 1:
-            raise ScheduleError(f"units: {units} must be at least 1")
-        m = pipe.microbatches
-        if units % m:
-            raise ScheduleError(
-                f"units: {units} is not a multiple of microbatches={m} "
-                f"({self.name} steps once per {m} units); use {units - units % m or m}"
-            )
+        check_whole_steps(self.name, units, pipe.microbatches)
 
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         stage, replica = worker

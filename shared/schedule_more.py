@@ -30,6 +30,7 @@ from shared.schedule import (
     Worker,
     _Flush,
     _own_units,
+    check_whole_steps,
     one_f_one_b_order,
 )
 
@@ -280,14 +281,7 @@ class TwoBW(Schedule):
         return 2 * max(pipe.microbatches, two_bw_depth(pipe))
 
     def check_units(self, pipe: Pipeline, units: int) -> None:
-        if units < 1:
-            raise ScheduleError(f"units: {units} must be at least 1")
-        m = pipe.microbatches
-        if units % m:
-            raise ScheduleError(
-                f"units: {units} is not a multiple of microbatches={m} "
-                f"({self.name} steps once per {m} units); use {units - units % m or m}"
-            )
+        check_whole_steps(self.name, units, pipe.microbatches)
 
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         stage, replica = worker
