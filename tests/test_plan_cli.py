@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -65,7 +66,10 @@ def test_plan_to_file_and_validate(vgg: Path, tmp_path: Path) -> None:
     plan = json.loads(out.read_text())
     assert plan["format"] == "pdplan.plan/1"
     assert plan["world_size"] == 8 and plan["schedule"] == "1f1b-flush"
-    assert plan["microbatches"] == len(plan["stages"])  # flush schedules default M to the stage count
+    # Flush schedules default M to one unit per stage, rounded up to a multiple of every replica count.
+    m, replicas = plan["microbatches"], [s["replicas"] for s in plan["stages"]]
+    assert m >= len(replicas) and all(m % r == 0 for r in replicas)
+    assert m - math.lcm(*replicas) < len(replicas)  # the smallest such
     assert [lv["workers"] for lv in plan["cluster"]["levels"]] == [4, 2]
     assert plan["predicted"]["speedup_over_data_parallel"] > 0
     ok = _run([str(BIN / "pdplan"), "validate", str(out), "--graph", str(vgg)])
