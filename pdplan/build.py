@@ -32,7 +32,7 @@ from shared.graph import LayerGraph
 from shared.plan import SCHEDULES, Cluster, Level, Plan, Prediction, Stage, StagePrediction
 from shared.schedule import default_microbatches
 
-# pipedream: ../shared/DESIGN.md's model, activations and gradients crossing a cut charged
+# pipedream: the design's cost model (docs/pdplan.md, "The cost model"), activations and gradients crossing a cut charged
 # (2 O / (B r)); pipedream-compute: the paper's optimizer as it runs by default (without
 # --activation_compression_ratio), where those transfers are not charged.
 COST_MODELS = ("pipedream", "pipedream-compute")

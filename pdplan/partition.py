@@ -2,7 +2,7 @@
 
 The recurrence, from "PipeDream: Generalized Pipeline Parallelism for DNN Training"
 (Narayanan et al., SOSP 2019, section 3.1), as its optimizer computes it
-(``optimizer_graph_hierarchical.py``) and ../shared/DESIGN.md states it:
+(``optimizer_graph_hierarchical.py``) and docs/pdplan.md states it:
 
     T(j, m) = min( single stage (0..j] replicated m times,
                    min over antichain-DAG predecessors k of j and replicas r < m of

@@ -2,7 +2,7 @@
 
 The brute force is written independently of pdplan: it lists every sequence of downsets
 (every convex split into stages) and every way to give the workers to those stages, and
-costs each with the recurrence's terms as ../shared/DESIGN.md states them.
+costs each with the recurrence's terms as docs/pdplan.md states them.
 """
 
 from __future__ import annotations
