@@ -56,8 +56,8 @@ class RunConfig:
     memory_format: MemoryFormat = "auto"
     # Sends posted by a helper thread; auto: when the host has a core to spare for it (shared.host.send_thread_pays).
     send_thread: SendThread = "auto"
-    # Messages between ranks and replicas' gradient sums: auto: shared memory when every rank is on this
-    # host's x86 CPU (pdrun/shm.py, pdrun/shm_reduce.py).
+    # Messages between ranks and replicas' gradient sums: auto: shared memory between ranks of one node on
+    # an x86 CPU, gloo across nodes (pdrun/transport/choose.py); gloo: gloo for all.
     transport: Transport = "auto"
     # Testing only: run 1f1b without weight stashing (the backward recomputes with the latest weights).
     stash: bool = True

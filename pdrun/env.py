@@ -1,4 +1,4 @@
-"""The launcher's contract with a worker: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT."""
+"""The launcher's contract with a worker: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, GROUP_RANK."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    local_world_size: int = 1  # workers on this host (torchrun and pdrun's launcher set it)
+    local_world_size: int = 1  # workers of this node (torchrun and pdrun's launcher set it)
+    group_rank: int | None = None  # this node's rank among the job's nodes (torch elastic's GROUP_RANK)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -38,10 +39,11 @@ class DistEnv:
                 master_addr=env["MASTER_ADDR"],
                 master_port=int(env["MASTER_PORT"]),
                 local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
+                group_rank=int(env["GROUP_RANK"]) if "GROUP_RANK" in env else None,
             )
         except ValueError as exc:
             raise UserError(
-                f"worker environment: expected integers in RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_PORT ({exc})"
+                f"worker environment: expected integers in RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK/MASTER_PORT ({exc})"
             ) from None
 
 

@@ -22,17 +22,16 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from pdrun.comm import Comm
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
 from pdrun.partition import partition
 from pdrun.stage import build_stage
+from pdrun.transport import Transport
 from pdrun.values import with_channels_last
 from pdrun.weights import WeightVersions
 from pdrun.worker import Peers, StepStats, Worker
 from shared.errors import UserError
-from shared.host import send_thread_pays
 from shared.layout import module_to_channels_last, use_channels_last
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
@@ -45,12 +44,12 @@ ALL_CHUNKS = -1
 class _UnitRelease:
     """The rank's transport as each chunk sees it: a unit's received values are freed after its last chunk.
 
-    ``Comm.release(unit)`` frees every shared-memory slot a unit's received values occupy
-    (``pdrun/shm.py``), and every chunk's backward calls it; the earlier chunks' backwards of
-    that unit come later and still read theirs, so only the V-th release frees them.
+    ``Transport.release(unit)`` frees what a unit's received values occupy where the transport
+    lent them in place (a shared-memory slot), and every chunk's backward calls it; the earlier
+    chunks' backwards of that unit come later and still read theirs, so only the V-th release frees them.
     """
 
-    def __init__(self, comm: Comm, chunks: int) -> None:
+    def __init__(self, comm: Transport, chunks: int) -> None:
         self.comm = comm
         self.chunks = chunks
         self.released: Counter[int] = Counter()
@@ -111,7 +110,9 @@ def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
     return ALL_CHUNKS, ins
 
 
-def run_chunks(chunks: list[Worker], comm: Comm, instrs: Any, stage: int, stages: int, base: int) -> None:
+def run_chunks(
+    chunks: list[Worker], comm: Transport, instrs: Any, stage: int, stages: int, base: int
+) -> None:
     """Run one program's stream, each instruction on its chunk's worker (receives posted as they come)."""
     for w in chunks:
         w.base = base
@@ -144,7 +145,7 @@ def train_interleaved(
     device: torch.device,
     dtype: torch.dtype,
     t_start: float,
-    links: Any = None,
+    transport: Transport,
 ) -> Any:
     """``pdrun.runner._train`` for an interleaved plan: this rank's V chunk workers; every result on rank 0."""
     # The run's shape lives in the runner, which imports this module.
@@ -167,18 +168,9 @@ def train_interleaved(
     channels_last = use_channels_last(cfg.memory_format, model, device, dtype)
     if channels_last:
         specs = {k: with_channels_last(v) for k, v in specs.items()}
-    wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    comm = Comm(
-        env.rank,
-        device,
-        cfg.timeout_s,
-        wire,
-        send_thread=cfg.send_thread == "on"
-        or (cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)),
-        shm=links,
-    )
+    comm = transport
     peers = Peers(tuple(tuple(st.ranks) for st in plan.stages))
-    shared = cast(Comm, _UnitRelease(comm, plan.virtual_stages))
+    shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
     chunks: list[Worker] = []
     for c in range(plan.virtual_stages):
         stage = build_stage(traced, part, c * n + s)
@@ -244,7 +236,8 @@ def train_interleaved(
         events=[],
         params=merged if cfg.record else {},
         send_thread=comm.poster is not None,
-        shm=comm.shm is not None,
+        links=dict(comm.used),
+        replica_sum=comm.summed,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)

@@ -32,8 +32,8 @@ from pdrun.interleaved import check_chunked
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.runner import WorkerResult, chunk_lengths, effective_plan, pipeline_of, segments, worker_entry
-from pdrun.shm import remove_run_links
 from pdrun.tied import check_ties, find_ties
+from pdrun.transport import launcher_tag, remove_leftovers
 from shared.errors import PDError, RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
@@ -148,7 +148,7 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
     with (
         tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir,
         _quiet_launcher(),
-        _shm_swept(config.run_id if nodes.nnodes == 1 else None),
+        _transport_swept(config.run_id, launcher_tag(os.getpid())),
         named_sems.unlinked_once_started(errdir, nproc),
     ):
         try:
@@ -168,16 +168,15 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
 
 
 @contextmanager
-def _shm_swept(run_id: str | None) -> Iterator[None]:
-    """Remove this run's shared-memory links (pdrun/shm.py) that a killed worker left behind.
+def _transport_swept(run_id: str, node: str) -> Iterator[None]:
+    """Remove what a killed worker of this launch left of the transport (files of its node's links).
 
-    Only for a run id of this launch's own (one machine); several machines share one, and use gloo.
+    ``node`` names this launcher's workers' files only: another node of the run may share the host.
     """
     try:
         yield
     finally:
-        if run_id is not None:
-            remove_run_links(run_id)
+        remove_leftovers(run_id, node)
 
 
 def _preload_forkserver() -> None:

@@ -3,7 +3,7 @@
 The planner takes the bandwidth of each level as given; a wrong figure makes every
 prediction wrong (on this host two gloo processes on 127.0.0.1 move about 2.7 GB/s, not
 the 1 GB/s one might guess). ``pdrun link`` starts two processes on this machine, joins
-them the way pdrun's workers on one host are joined (shared memory, pdrun/shm.py, where
+them the way pdrun's workers on one host are joined (shared memory, pdrun/transport/shm.py, where
 ``--transport auto`` would use it; else the backend), and times round trips of a small and
 a large message, with each receive posted before its message is sent (as pdrun's workers
 post theirs) and, through shared memory, the values read where they arrive (as pdrun's
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessRaisedException, spawn
 
-from pdrun.shm import ShmLinks, host_supports
+from pdrun.transport.shm import ShmLinks, host_supports
 from shared.errors import RunError
 
 SMALL = 8  # bytes: one float64, the latency probe
@@ -55,7 +55,7 @@ def _work(work: dist.Work | None) -> dist.Work:
 
 
 def shm_usable(backend: str) -> bool:
-    """Whether pdrun's workers on this host would pass messages through shared memory (runner.shm_links)."""
+    """Whether pdrun's workers on this host would pass messages through shared memory (pdrun.transport.choose)."""
     return backend == "gloo" and host_supports()
 
 

@@ -84,8 +84,10 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "samples_per_s": trained * plan.batch_size / wall if wall > 0 else None,
         "train_s": wall,
         "max_weight_versions": {r.rank: r.max_versions for r in results},
-        # What carried each rank's messages: shared memory (every rank on this host) or gloo.
-        "transport": {r.rank: "shm" if r.shm else "gloo" for r in results},
+        # What carried each rank's messages and sums (pdrun/transport/choose.py): shm, gloo, or mixed.
+        "transport": {r.rank: transport_of(r) for r in results},
+        "links": {r.rank: dict(sorted(r.links.items())) for r in results},  # per rank, per peer
+        "replica_sum": {r.rank: r.replica_sum for r in results if r.replica_sum is not None},
         "memory": memory_summary(results, plan),
     }
     if last and last[0].validation:
@@ -104,6 +106,14 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         out["val_loss"] = per_epoch[-1]["val_loss"]
         out["val_accuracy"] = per_epoch[-1]["val_accuracy"]
     return out
+
+
+def transport_of(result: WorkerResult) -> str:
+    """What carried a rank's messages and its replicas' sum: "shm", "gloo" (the backend), "mixed", or "none"."""
+    kinds = {*result.links.values(), *([result.replica_sum] if result.replica_sum else [])}
+    if not kinds:
+        return "none"
+    return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def memory_summary(results: list[WorkerResult], plan: Plan) -> list[dict[str, Any]]:

@@ -6,8 +6,9 @@ gloo's ring exchanging halves over loopback), as long as half its backward. As D
 the parameters are cut into buckets in reverse order (the backward finishes the last
 layers' gradients first), and a bucket's all-reduce starts, asynchronously, as soon as
 the backward has accumulated all of its gradients; the earlier layers' backward runs
-while gloo's threads move it. The worker's ALLREDUCE instruction starts what is left and
-waits for all of it.
+while the transport's sum (gloo's threads, or the replicas of one node through a file they
+share: pdrun/transport/) moves it. The worker's ALLREDUCE instruction starts what is left
+and waits for all of it.
 
 Every replica starts the same buckets, of the same sizes, in the same order (bucket k only
 after bucket k-1): a collective's order is the only thing the replicas agree on. A bucket
@@ -22,10 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from pdrun.shm_reduce import ShmAllReduce
+from pdrun.transport import ReplicaSum
 from pdrun.weights import Params
 
 # A bucket closes once it holds this many bytes (DDP's first bucket is 1 MB; a pipeline
@@ -37,8 +37,6 @@ BUCKET_BYTES = 256 * 1024
 class _Bucket:
     names: list[str]
     ready: set[str] = field(default_factory=set)
-    flat: torch.Tensor | None = None  # the gradients being reduced, once started
-    work: Any = None
 
 
 class OverlappedAllReduce:
@@ -47,16 +45,11 @@ class OverlappedAllReduce:
     def __init__(
         self,
         live: dict[str, nn.Parameter],
-        group: Any,
-        wire: torch.device,
         average: bool,
-        local: Callable[[list[tuple[int, torch.dtype]]], ShmAllReduce] | None = None,
+        sum_of: Callable[[list[tuple[int, torch.dtype]]], ReplicaSum],
     ) -> None:
-        """``local``: given the buckets' sizes, a sum through shared memory (all replicas on one host's
-        CPU, pdrun/shm_reduce.py) instead of gloo's all-reduce."""
+        """``sum_of``: given the buckets' sizes, their sum over the replicas (``pdrun.transport``)."""
         self.live = live
-        self.group = group
-        self.wire = wire
         self.average = average
         self.buckets: list[_Bucket] = []
         size = 0
@@ -68,17 +61,15 @@ class OverlappedAllReduce:
             p = live[name]
             size += p.numel() * p.element_size()
         self.bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b.names}
-        self.size = dist.get_world_size(self.group)  # replicas: what an average divides by
-        self.local = None
-        if local is not None:
-            first = [live[b.names[0]] for b in self.buckets]
-            self.local = local(
-                [
-                    (sum(live[n].numel() for n in b.names), p.dtype)
-                    for b, p in zip(self.buckets, first, strict=True)
-                ]
-            )
-        self.started = 0  # buckets[:started] have their all-reduce in flight
+        first = [live[b.names[0]] for b in self.buckets]
+        self.sum = sum_of(
+            [
+                (sum(live[n].numel() for n in b.names), p.dtype)
+                for b, p in zip(self.buckets, first, strict=True)
+            ]
+        )
+        self.size = self.sum.replicas  # what an average divides by
+        self.started = 0  # buckets[:started] have their sum in flight
         self.handles: list[Any] = []
         self._pending_grads: dict[str, torch.Tensor] = {}  # gradients the armed backward completed
 
@@ -120,11 +111,7 @@ class OverlappedAllReduce:
             if g is None:
                 g = self.live[n].grad
             parts.append((g if g is not None else torch.zeros_like(self.live[n])).reshape(-1))
-        if self.local is not None:
-            self.local.publish(self.started, parts)
-        else:
-            bucket.flat = torch.cat(parts).to(self.wire)
-            bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        self.sum.start(self.started, parts)
         self.started += 1
 
     def finish(self) -> None:
@@ -136,12 +123,7 @@ class OverlappedAllReduce:
         while self.started < len(self.buckets):
             self._start(self.buckets[self.started])
         for k, bucket in enumerate(self.buckets):
-            if self.local is not None:
-                flat = self.local.total(k)
-            else:
-                assert bucket.flat is not None
-                bucket.work.wait()
-                flat = bucket.flat.to(self.live[bucket.names[0]].device)
+            flat = self.sum.total(k).to(self.live[bucket.names[0]].device)
             if self.average:
                 flat /= self.size
             offset = 0
@@ -153,7 +135,5 @@ class OverlappedAllReduce:
                 p.grad.copy_(flat[offset : offset + numel].view_as(p))
                 offset += numel
             bucket.ready.clear()
-            bucket.flat = bucket.work = None
         self.started = 0
-        if self.local is not None:
-            self.local.next_step()
+        self.sum.next_step()

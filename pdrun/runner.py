@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 from pdrun import checkpoint, peak
-from pdrun.comm import Comm, emulated_bandwidth
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
@@ -33,9 +32,9 @@ from pdrun.faults import Fault
 from pdrun.interleaved import chunk_chain, train_interleaved
 from pdrun.orphan import die_with
 from pdrun.partition import Partition, partition
-from pdrun.shm import ShmLinks, host_supports, remove_run_links, run_job
 from pdrun.stage import build_stage, sample_run
 from pdrun.tied import find_ties, tied_gradients
+from pdrun.transport import Transport, node_tag, open_transport, remove_leftovers
 from pdrun.values import ValueSpec, spec_of, with_channels_last
 from pdrun.weights import TwoWeightVersions, WeightVersions
 from pdrun.worker import Peers, Worker
@@ -71,7 +70,8 @@ class WorkerResult:
     checkpoints: list[int] = field(default_factory=list)  # steps whose checkpoint this rank helped write
     resumed_from: int | None = None  # the step of the checkpoint this run started from
     send_thread: bool = False  # its sends went through the helper thread (--send-thread)
-    shm: bool = False  # its messages, and a replicated stage's gradient sums, went through shared memory
+    links: dict[int, str] = field(default_factory=dict)  # per peer it messaged: "shm" or "gloo" carried them
+    replica_sum: str | None = None  # a replicated stage: what summed its gradients ("shm" or "gloo")
     updates: int = 0  # this rank's own optimizer updates (1f1b: a replica of r updates once per r units)
 
 
@@ -201,10 +201,14 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
         failure = _joining_failed(env, cfg, exc)
         record_failure(errdir, env.rank, failure)
         raise failure from exc
-    links = shm_links(env, cfg, device)
+    wire = device if dist.get_backend() == "nccl" else torch.device("cpu")  # where messages travel from
+    send_thread = cfg.send_thread == "on" or (
+        cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)
+    )
+    transport = open_transport(env, cfg, device, wire, send_thread)
     try:
         run = train_interleaved if plan.virtual_stages > 1 else _train  # several chunks per rank
-        out = run(env, plan, cfg, stage_index, replica, device, dtype, t_start, links)
+        out = run(env, plan, cfg, stage_index, replica, device, dtype, t_start, transport)
         dist.barrier()  # leave together: no rank tears its connections down while a peer still uses them
         return out
     except dist.DistStoreError as exc:
@@ -220,8 +224,7 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
             time.sleep(PEER_LOST_GRACE_S)
         raise
     finally:
-        if links is not None:
-            links.close()
+        transport.close()
         dist.destroy_process_group()
 
 
@@ -238,20 +241,6 @@ def needs_stash(plan: Plan, part: Partition, s: int) -> bool:
         return True
     replicas = [st.replicas for st in plan.stages]
     return in_flight_bounds(replicas, sorted(part.edges()), plan.in_flight)[s] > 1
-
-
-def shm_links(env: DistEnv, cfg: RunConfig, device: torch.device) -> ShmLinks | None:
-    """Shared-memory links (pdrun/shm.py) when every rank runs on this host's CPU, else None (gloo)."""
-    if cfg.transport != "auto" or device.type != "cpu" or env.world_size < 2:
-        return None
-    if env.local_world_size != env.world_size or not host_supports():
-        return None
-    if emulated_bandwidth() is not None:
-        return None  # the emulated slow link sleeps per byte sent over gloo, as the baselines' does
-    job = run_job(os.environ.get("TORCHELASTIC_RUN_ID", "run"), env.master_port)
-    pids: list[Any] = [None] * env.world_size
-    dist.all_gather_object(pids, os.getpid())  # a receiver tells a dead sender from a slow one
-    return ShmLinks(job, env.rank, cfg.timeout_s, dict(enumerate(pids)))
 
 
 def _chunks(length: int, base: int, every: int) -> Iterator[int]:
@@ -322,7 +311,7 @@ def _train(
     device: torch.device,
     dtype: torch.dtype,
     t_start: float,
-    links: ShmLinks | None = None,
+    transport: Transport,
 ) -> list[WorkerResult] | None:
     spec = plan.spec
     if spec.model is None:
@@ -353,8 +342,9 @@ def _train(
             g = dist.new_group(st.ranks)
             if idx == s:
                 group = g
-    wire = device if dist.get_backend() == "nccl" else torch.device("cpu")  # where messages travel from
-    tied = tied_gradients(plan, ties, s, stage.module, wire)  # after the replicas' groups, on every rank
+    tied = tied_gradients(
+        plan, ties, s, stage.module, transport.wire
+    )  # after the replicas' groups, on every rank
     stash = plan.schedule == "1f1b" and cfg.stash and needs_stash(plan, part, s)
     versions = (
         TwoWeightVersions(stage.module, plan.microbatches)
@@ -383,17 +373,7 @@ def _train(
         next_token=spec.loss == "causal_lm",
         optimizer=optimizer,
         versions=versions,
-        comm=Comm(
-            env.rank,
-            device,
-            cfg.timeout_s,
-            wire,
-            send_thread=cfg.send_thread == "on"
-            or (
-                cfg.send_thread == "auto" and send_thread_pays(device.type, env.local_world_size, cfg.threads)
-            ),
-            shm=links,
-        ),
+        comm=transport,
         group=group,
         device=device,
         dtype=dtype,
@@ -498,8 +478,9 @@ def _train(
         else {},
         checkpoints=written,
         resumed_from=resumed,
-        send_thread=worker.comm.poster is not None,
-        shm=worker.comm.shm is not None,
+        send_thread=transport.poster is not None,
+        links=dict(transport.used),
+        replica_sum=transport.summed,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
@@ -551,10 +532,10 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     """The launcher's entrypoint on every rank; a failure is written to ``errdir`` before it propagates."""
     env = DistEnv.from_environ()
     if cfg.launcher_pid is not None:
-        # Killed with SIGKILL, the launcher cannot sweep the run's shared-memory links: its orphans do.
+        # Killed with SIGKILL, the launcher cannot sweep what the transport left of its node: its orphans do.
         run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-        one_host = env.local_world_size == env.world_size
-        die_with(cfg.launcher_pid, partial(remove_run_links, run_id) if run_id and one_host else None)
+        sweep = partial(remove_leftovers, run_id, node_tag(cfg, env)) if run_id else None
+        die_with(cfg.launcher_pid, sweep)
     try:
         plan = Plan.model_validate_json(plan_json)
         return train(env, plan, replace(cfg), errdir)

@@ -12,20 +12,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch.func import functional_call
 
 from pdrun import peak
-from pdrun.comm import TAG_ACT, TAG_GRAD, TAG_VAL, Comm, PostedRecv
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
 from pdrun.overlap import OverlappedAllReduce
 from pdrun.partition import Partition
-from pdrun.shm_reduce import ShmAllReduce
 from pdrun.stage import StageModule
 from pdrun.tied import TiedGradients
+from pdrun.transport import TAG_ACT, TAG_GRAD, TAG_VAL, PostedRecv, Transport
 from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, WeightVersions, fingerprint
 from pdrun.zero_bubble import SplitBackward
@@ -112,7 +112,7 @@ class Worker:
         loss_fn: Callable[[Any, Any], torch.Tensor],
         optimizer: torch.optim.Optimizer | None,
         versions: WeightVersions,
-        comm: Comm,
+        comm: Transport,
         group: Any,
         device: torch.device,
         dtype: torch.dtype,
@@ -158,7 +158,11 @@ class Worker:
         self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
         # Replicas: the gradient all-reduce, started in buckets during the backward (pdrun/overlap.py).
         self.reducer = (
-            OverlappedAllReduce(versions.live, group, comm.wire, average_replicas, self._local_sum(group))
+            OverlappedAllReduce(
+                versions.live,
+                average_replicas,
+                partial(comm.replica_sum, self.s, peers.ranks[self.s], group),
+            )
             if group is not None
             else None
         )
@@ -354,7 +358,7 @@ class Worker:
                 for leaf, ls in zip(grad_leaves(state.received[n], spec), grad_specs(spec), strict=True):
                     out.append(ls.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)))
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
-        self.comm.release(self.base + u)  # received values used in place (pdrun/shm.py) are done with
+        self.comm.release(self.base + u)  # received values the transport lent in place are done with
 
     def allreduce(self, ins: Instr) -> None:
         if self.reducer is not None:
@@ -380,14 +384,6 @@ class Worker:
     def run_steps(self) -> int:
         """The run's optimizer steps this worker has completed."""
         return self.steps // self.updates_per_step
-
-    def _local_sum(self, group: Any) -> Callable[[list[tuple[int, torch.dtype]]], ShmAllReduce] | None:
-        """Replicas that pass messages through shared memory (one host's CPU) sum gradients there too."""
-        shm = self.comm.shm
-        if shm is None:
-            return None
-        ranks = self.peers.ranks[self.s]
-        return lambda buckets: ShmAllReduce(shm.job, self.s, ranks, self.rank, buckets, shm.timeout_s, group)
 
     # ------------------------------------------------------------------ communication
 

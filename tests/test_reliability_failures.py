@@ -21,7 +21,7 @@ import pytest
 
 from pdrun.faults import FAULT_ENV, Fault
 from pdrun.plans import cut_plan
-from pdrun.shm import SHM_DIR
+from pdrun.transport.shm import SHM_DIR
 from shared.errors import UserError
 from shared.plan import save_plan
 from shared.spec import RunSpec
@@ -129,7 +129,7 @@ def test_a_failed_worker_stops_the_run_within_30s_naming_its_rank_and_leaves_no_
     assert len(pids) == 3  # all three workers ran
     assert [p for p in pids if alive(p)] == []
     assert marked_processes(mark) == []  # nor the forkserver, nor anything else pdrun started
-    assert _shm_names() - links == set()  # nor a shared-memory link or bell (pdrun/shm.py)
+    assert _shm_names() - links == set()  # nor a shared-memory link or bell (pdrun/transport/shm.py)
 
 
 @pytest.mark.timeout(60)

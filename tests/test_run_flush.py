@@ -14,6 +14,7 @@ import torch
 
 from pdrun.config import Dtype, Optimizer, RunConfig
 from pdrun.launch import launch
+from pdrun.metrics import transport_of
 from pdrun.plans import cut_plan
 from pdrun.runner import WorkerResult
 from shared.host import send_thread_pays
@@ -185,7 +186,7 @@ def test_cnn_flush_equals_sequential_in_either_layout(
     results = launch(plan, cfg)
     assert results is not None and len(results) == len(cuts) + 1
     assert [r.send_thread for r in results] == [send_thread == "on"] * len(results)
-    assert [r.shm for r in results] == [transport == "auto"] * len(results)
+    assert [transport_of(r) for r in results] == ["shm" if transport == "auto" else "gloo"] * len(results)
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
     initial, want = sequential(
         CNN, steps=10, batch=batch * microbatches, seed=1, dtype=torch_dtype, lr=0.1, momentum=0.9

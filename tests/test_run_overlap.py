@@ -16,8 +16,9 @@ from torch import nn
 from torch.func import functional_call
 
 from pdrun.overlap import BUCKET_BYTES, OverlappedAllReduce
-from pdrun.shm import SHM_DIR
-from pdrun.shm_reduce import ShmAllReduce
+from pdrun.transport.gloo_sum import GlooSum
+from pdrun.transport.shm import SHM_DIR
+from pdrun.transport.shm_sum import ShmSum
 from pdrun.weights import WeightVersions
 from shared.errors import RunError
 
@@ -29,6 +30,10 @@ def group_of_one() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _gloo_sum(buckets: list[tuple[int, torch.dtype]]) -> GlooSum:
+    return GlooSum(None, torch.device("cpu"))  # the world: a group of one
 
 
 def _model() -> nn.Module:
@@ -48,7 +53,7 @@ def test_buckets_start_during_the_backward_in_reverse_order(group_of_one: None, 
     x = torch.randn(32, 64)
     model = _model()
     versions = WeightVersions(model, stash=stash)
-    reducer = OverlappedAllReduce(versions.live, None, torch.device("cpu"), average=True)
+    reducer = OverlappedAllReduce(versions.live, True, _gloo_sum)
     names = [n for n, _ in model.named_parameters()]
     assert [n for b in reducer.buckets for n in b.names] == names[::-1]
     for b in reducer.buckets[:-1]:
@@ -87,7 +92,7 @@ def test_finish_reduces_what_the_backward_left(group_of_one: None) -> None:
     x = torch.randn(32, 64)
     model = _model()
     versions = WeightVersions(model, stash=False)
-    reducer = OverlappedAllReduce(versions.live, None, torch.device("cpu"), average=True)
+    reducer = OverlappedAllReduce(versions.live, True, _gloo_sum)
     (model[2](torch.relu(model[0](x)))).square().mean().backward()  # the last layer is not used
     reducer.finish()
     assert torch.equal(model[4].weight.grad, torch.zeros_like(model[4].weight))
@@ -97,8 +102,8 @@ def test_finish_reduces_what_the_backward_left(group_of_one: None) -> None:
 def test_a_replica_that_never_sums_is_named_after_the_timeout(group_of_one: None) -> None:
     # The shared-memory sum (all replicas on one host) waits for every replica's bucket, then names the late one.
     job = f"test-{uuid.uuid4().hex[:8]}"
-    local = ShmAllReduce(job, 0, [0, 1], 0, [(3, torch.float32)], timeout_s=0.2, group=None)
+    local = ShmSum(job, 0, [0, 1], 0, [(3, torch.float32)], timeout_s=0.2, group=None)
     assert not list(SHM_DIR.glob(f"pdrun-{job}-*"))  # mapped, then its name removed
-    local.publish(0, [torch.ones(3)])
+    local.start(0, [torch.ones(3)])
     with pytest.raises(RunError, match=r"no gradients from replica rank 1 within 0\.2s"):
         local.total(0)

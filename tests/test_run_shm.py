@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pdrun import shm
-from pdrun.shm import RING, SLOTS, ShmLinks
+from pdrun.transport import shm
+from pdrun.transport.shm import RING, SLOTS, ShmLinks
 from shared.errors import RunError
 
 

@@ -10,6 +10,7 @@ import torch
 
 from pdrun.config import RunConfig
 from pdrun.launch import launch
+from pdrun.metrics import transport_of
 from pdrun.partition import partition
 from pdrun.plans import cut_plan, traced_for
 from shared.resolve import resolve_dataset
@@ -46,14 +47,15 @@ def test_replicated_stage_trains_and_replicas_stay_identical() -> None:
     ("schedule", "transport"), [("1f1b-flush", "auto"), ("1f1b-flush", "gloo"), ("gpipe", "auto")]
 )
 def test_replicated_stage_with_flush_equals_sequential(schedule: str, transport: str) -> None:
-    # auto: the replicas sum their gradients through shared memory (pdrun/shm_reduce.py); gloo: all-reduce.
+    # auto: the replicas sum their gradients through shared memory (pdrun/transport/shm_sum.py); gloo: all-reduce.
     # gpipe: a replica's last backward in a step is its first unit's (backwards run in reverse), and only
     # that one may start the all-reduce's buckets early.
     plan = cut_plan(RESMLP, [6], batch_size=16, schedule=schedule, microbatches=4, replicas=[2, 1])  # type: ignore[arg-type]
     cfg = RunConfig(steps=10, seed=1, lr=0.2, momentum=0.9, dtype="float64", record=True, validate=False)
     results = launch(plan, replace(cfg, transport=transport))  # type: ignore[arg-type]
     assert results is not None
-    assert [r.shm for r in results] == [transport == "auto"] * 3
+    assert [transport_of(r) for r in results] == ["shm" if transport == "auto" else "gloo"] * 3
+    assert [r.replica_sum for r in results] == [transport.replace("auto", "shm")] * 2 + [None]
     _, want = sequential(RESMLP, steps=10, batch=64, seed=1, dtype=torch.float64, lr=0.2, momentum=0.9)
     assert_same(pipeline_params(results), want, 1e-6)
 

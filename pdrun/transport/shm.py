@@ -1,10 +1,10 @@
-"""Messages between workers on one host through shared memory: no gloo, a copy in, out only when needed.
+"""Messages between workers of one node through shared memory: no gloo, a copy in, out only when needed.
 
 Over gloo's loopback TCP a 1.6 MB activation took 1.2-2 ms in a busy 2-stage pipeline on
 2 cores (0.35 ms idle): the bytes go through the kernel twice, in chunks, each a wake-up of
 gloo's threads. Here a link from one worker to another (one per tag) is a file in
 ``/dev/shm`` holding a ring of slots, mapped by both, and a *bell*: a second small file
-with the link's headers in order and a futex word (pdrun/futex.py). The sender copies a
+with the link's headers in order and a futex word (pdrun/transport/futex.py). The sender copies a
 message's values into a free slot, writes the header (unit, weight version, slot,
 generation), counts it posted and wakes the receiver, which sleeps on the word in the
 kernel when the header is not there yet. Even a 32-byte header over gloo took ~0.14 ms
@@ -29,7 +29,7 @@ holds a message the receiver has not freed), then the slots. The sender creates 
 its first header; the receiver maps it on the first header that names a slot, then removes
 the name (the mapping stays). A bell is created by whichever end comes first (a new one is
 zeros: nothing posted) and its name removed by both at the end. Counts and flags are plain
-stores, published in order on x86 only: other hosts use gloo (pdrun/runner.py).
+stores, published in order on x86 only: other hosts use gloo (pdrun/transport/choose.py).
 A receiver waiting for a header checks every 0.1 s that the sender's process still runs,
 so a dead peer is named at once rather than after the timeout.
 """
@@ -45,8 +45,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pdrun import futex
 from pdrun.orphan import running
+from pdrun.transport import futex
+from pdrun.transport.interface import PostedRecv, expect_unit
 from shared.errors import RunError
 
 SLOTS = 16  # messages in a link at once (fewer where /dev/shm is small); a receiver holds at most half
@@ -89,14 +90,18 @@ def map_shared(path: Path, size: int) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
 
 
-def run_job(run_id: str, master_port: int) -> str:
-    """The links' name for one run: every rank derives it alike, and no other run shares its port."""
-    return f"{run_id}-{master_port}"
+def run_job(run_id: str, node: str, master_port: int) -> str:
+    """The links' name for one node's ranks of one run: they derive it alike, no other run shares its port.
+
+    ``node`` tells the nodes of a run apart (two may share a host, and a multi-node run's id is
+    the same on every node): a sweep of one node's leftovers leaves another's links alone.
+    """
+    return f"{run_id}-{node}-{master_port}"
 
 
-def remove_run_links(run_id: str) -> None:
-    """Remove every link of the run ``run_id`` still named (a killed worker's; the launcher calls it)."""
-    for path in SHM_DIR.glob(f"pdrun-{run_id}-*"):
+def remove_run_links(run_id: str, node: str) -> None:
+    """Remove every link of ``node``'s ranks of the run ``run_id`` still named (a killed worker's)."""
+    for path in SHM_DIR.glob(f"pdrun-{run_id}-{node}-*"):
         path.unlink(missing_ok=True)
 
 
@@ -178,10 +183,10 @@ class _Bell:
 
 
 class ShmLinks:
-    """This worker's shared-memory links, to and from every peer on the host.
+    """This worker's shared-memory links, to and from its peers of the node.
 
     Values go through the links' slots, headers through their bells: no message between two
-    workers on the host touches gloo. ``pids`` (rank -> process id) lets a waiting receiver
+    workers of the node touches gloo. ``pids`` (rank -> process id) lets a waiting receiver
     tell a dead sender from a slow one.
     """
 
@@ -340,3 +345,56 @@ class ShmLinks:
             ) from None
         path.unlink(missing_ok=True)
         return _Link(path, mem, gen)
+
+
+class ShmCarrier:
+    """The transport's carrier over shared-memory links: a message's values through a slot, its header by bell."""
+
+    kind = "shm"
+
+    def __init__(self, links: ShmLinks) -> None:
+        self.links = links
+        self.leases: dict[int, list[Lease]] = {}  # by unit: slots whose values it uses in place
+
+    def hold(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return list(tensors)  # copied into a slot when posted, from where they are
+
+    def send(self, held: list[torch.Tensor], dst: int, tag: int) -> None:
+        # The values into a slot of the link, the header (naming the slot) through its bell.
+        slot, gen = self.links.put(held[1:], dst, tag) if len(held) > 1 else (-1, -1)
+        unit, version = held[0][:2].tolist()
+        self.links.ring([unit, version, slot, gen], dst, tag)
+
+    def post(self, buffers: Sequence[torch.Tensor], src: int, tag: int, hold: bool = False) -> PostedRecv:
+        """Nothing to post: the header comes through the link's bell, naming the slot of the values.
+
+        With ``hold`` the values may stay in their slot, instead of being copied into
+        ``buffers``, until ``release`` of the unit.
+        """
+        return PostedRecv(src, tag, list(buffers), hold=hold)
+
+    def wait(self, posted: PostedRecv, unit: int, what: str) -> tuple[int, list[torch.Tensor]]:
+        src, values = posted.src, posted.buffers
+        got, version, slot, gen = self.links.listen(src, posted.tag, what, unit)
+        expect_unit(self.links.rank, got, unit, what, src)
+        if not values:
+            return version, values
+        if slot < 0:
+            raise RunError(
+                f"rank {self.links.rank}: {what} of unit {unit} from rank {src} came without its values"
+            )
+        values, lease = self.links.take(slot, gen, values, src, posted.tag, hold=posted.hold)
+        if lease is not None:
+            self.leases.setdefault(unit, []).append(lease)
+        return version, values
+
+    def release(self, unit: int) -> None:
+        """Free the slots whose values ``unit`` used in place (its backward is done)."""
+        for lease in self.leases.pop(unit, ()):
+            lease.release()
+
+    def drain(self) -> None:
+        """Nothing in flight: a message is in its slot and bell once ``send`` returns."""
+
+    def close(self) -> None:
+        self.links.close()

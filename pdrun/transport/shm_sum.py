@@ -1,8 +1,8 @@
-"""A replicated stage's gradient sum through shared memory, when all its replicas share one host.
+"""A replicated stage's gradient sum through shared memory, when all its replicas are on one node.
 
 gloo's all-reduce over loopback cost a replicated MNIST CNN stage on 2 cores 1.5-3.7 ms of
 CPU a step for 0.8 MB of gradients (a ring of TCP transfers, each a wake-up of gloo's
-threads), time the backward lost to it even when overlapped (pdrun/overlap.py). Here the
+threads), time the backward lost to it even when overlapped (pdrun/overlap.py, gloo_sum.py). Here the
 replicas of a stage map one file: each bucket of gradients is copied into the replica's own
 region as the backward completes it, a counter says so, and at the ALLREDUCE instruction
 every replica sums the bucket's regions in rank order, the same sum everywhere, so the
@@ -22,12 +22,14 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from pdrun.shm import SHM_DIR, aligned, map_shared
+from pdrun.transport.shm import SHM_DIR, aligned, map_shared
 from shared.errors import RunError
 
 
-class ShmAllReduce:
+class ShmSum:
     """Bucket sums among the replicas ``ranks`` of stage ``stage``; every replica constructs it together."""
+
+    kind = "shm"
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class ShmAllReduce:
         group: dist.ProcessGroup | None,
     ) -> None:
         self.ranks, self.me, self.timeout_s = list(ranks), list(ranks).index(rank), timeout_s
+        self.replicas = len(self.ranks)
         self.buckets = list(buckets)
         self.offsets: list[int] = []
         total = 0
@@ -63,7 +66,7 @@ class ShmAllReduce:
         start = self.start_bytes + (parity * len(self.ranks) + replica) * self.region_bytes + self.offsets[k]
         return self.mem[start : start + numel * dtype.itemsize].view(dtype)
 
-    def publish(self, k: int, parts: Sequence[torch.Tensor]) -> None:
+    def start(self, k: int, parts: Sequence[torch.Tensor]) -> None:
         """Bucket ``k``'s gradients of this replica (flattened parts, in order), for its peers to add."""
         torch.cat(list(parts), out=self._region(self.me, k))
         self.published[self.me] = self.step * len(self.buckets) + k + 1
