@@ -1,9 +1,11 @@
 """Several machines, shown on one: two launchers as two nodes train as one launcher does.
 
 ``pdrun PLAN --nnodes 2 --node-rank 0|1 --rdzv-endpoint 127.0.0.1:PORT`` started twice on this
-host is what two machines run (docs/pdrun.md). Between nodes the values go over gloo: shared
-memory is for ranks of one launcher only, never chosen because two nodes happen to share a host.
-In float64 the losses of every step equal those of the same plan under a single launcher.
+host is what two machines run (docs/pdrun.md). The transport is chosen per pair of ranks, by
+node (the launcher's group), never by host: ranks of one node pass their messages through
+shared memory, ranks of different nodes over gloo, though both nodes share this host; a
+replicated stage sums through shared memory only when all its replicas are on one node. In
+float64 the losses of every step equal those of the same plan under a single launcher.
 """
 
 from __future__ import annotations
@@ -42,14 +44,37 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.timeout(300)
+# Two workers per node: ranks 0, 1 on node 0 and 2, 3 on node 1. Per rank, per peer it messaged, what
+# carried them, and per replicated rank what summed its gradients.
+# [1, 2, 1]: stage 1's replicas (ranks 1, 2) straddle the nodes; stage 0 sends unit u to replica u % 2.
+SPLIT = (
+    {
+        "0": {"1": "shm", "2": "gloo"},
+        "1": {"0": "shm", "3": "gloo"},
+        "2": {"0": "gloo", "3": "shm"},
+        "3": {"1": "gloo", "2": "shm"},
+    },
+    {"1": "gloo", "2": "gloo"},
+)
+# [2, 2]: each stage's replicas on one node; replica r of stage 0 sends to replica r of stage 1.
+PER_NODE = (
+    {"0": {"2": "gloo"}, "1": {"3": "gloo"}, "2": {"0": "gloo"}, "3": {"1": "gloo"}},
+    {"0": "shm", "1": "shm", "2": "shm", "3": "shm"},
+)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    ("cuts", "replicas", "schedule"),
-    [([6], [1, 1], "1f1b"), ([], [2], "1f1b-flush")],
-    ids=["2-stage", "2-replica"],
+    ("cuts", "replicas", "schedule", "carried"),
+    [([4, 8], [1, 2, 1], "1f1b", SPLIT), ([6], [2, 2], "1f1b-flush", PER_NODE)],
+    ids=["replicas-across-nodes", "replicas-within-nodes"],
 )
 def test_two_launchers_as_two_nodes_train_as_one(
-    tmp_path: Path, cuts: list[int], replicas: list[int], schedule: str
+    tmp_path: Path,
+    cuts: list[int],
+    replicas: list[int],
+    schedule: str,
+    carried: tuple[dict[str, dict[str, str]], dict[str, str]],
 ) -> None:
     plan = tmp_path / "plan.json"
     save_plan(
@@ -60,11 +85,15 @@ def test_two_launchers_as_two_nodes_train_as_one(
         [str(PDRUN), str(plan), *ARGS, "--metrics", str(tmp_path / "one.parquet")],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=400,
         env=_env(),
     )
     assert one.returncode == 0, one.stderr
-    assert set(json.loads(one.stdout)["transport"].values()) == {"shm"}  # one host, one launcher
+    alone = json.loads(one.stdout)
+    assert set(alone["transport"].values()) == {"shm"}  # one launcher: one node, every pair and sum in memory
+    links, sums = carried
+    assert alone["links"] == {rank: dict.fromkeys(peers, "shm") for rank, peers in links.items()}
+    assert alone["replica_sum"] == dict.fromkeys(sums, "shm")
 
     endpoint = f"127.0.0.1:{_free_port()}"
     nodes = [
@@ -89,11 +118,14 @@ def test_two_launchers_as_two_nodes_train_as_one(
         )
         for n in (0, 1)
     ]
-    outs = [p.communicate(timeout=240) for p in nodes]
+    outs = [p.communicate(timeout=400) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [err for _, err in outs]
     summary = json.loads(outs[0][0])
     assert outs[1][0] == ""  # rank 0's node reports for the job
-    assert summary["world_size"] == 2 and summary["steps"] == 6
-    assert set(summary["transport"].values()) == {"gloo"}  # across nodes, never shared memory
+    assert summary["world_size"] == 4 and summary["steps"] == 6
+    # Within a node shared memory, across nodes gloo: chosen by node, though both are on this host.
+    assert summary["links"] == links
+    assert summary["replica_sum"] == sums
+    assert set(summary["transport"].values()) == {"mixed"}  # every rank used both
     assert _losses(tmp_path / "node0.parquet") == _losses(tmp_path / "one.parquet")
     assert len(_losses(tmp_path / "one.parquet")) >= 6  # a loss per step at least: the comparison counts
