@@ -31,6 +31,7 @@ from pdrun.env import DistEnv, under_torchrun
 from pdrun.interleaved import check_chunked
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
+from pdrun.preload import defining_modules, preload_forkserver
 from pdrun.runner import WorkerResult, chunk_lengths, effective_plan, pipeline_of, segments, worker_entry
 from pdrun.tied import check_ties, find_ties
 from pdrun.transport import launcher_tag, remove_leftovers
@@ -65,8 +66,11 @@ def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
         )
 
 
-def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> None:
-    """Everything that can be checked before a worker starts: model, trace, partition, ranks, schedule."""
+def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> tuple[str, ...]:
+    """Everything that can be checked before a worker starts: model, trace, partition, ranks, schedule.
+
+    Returns the modules that building the model and its dataset imported (``pdrun.preload``).
+    """
     plan = effective_plan(plan, cfg)
     check_schedule_runs(plan, source)
     check_chunked(plan, cfg, source)
@@ -76,7 +80,8 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is visible here; use --device cpu")
     torch.manual_seed(cfg.seed)
-    traced = trace(resolve_model(plan.spec.model, plan.spec.model_args), plan.spec.trace)
+    model = resolve_model(plan.spec.model, plan.spec.model_args)
+    traced = trace(model, plan.spec.trace)
     part = partition(traced, plan, source)
     check_ties(plan, find_ties(traced, part), source)
     resolve_loss(plan.spec.loss)
@@ -86,6 +91,7 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
     segs = segments(plan, cfg, units.per_epoch)
     # Every program of the run (its segments cut at checkpoints), each on a bounded window.
     validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg)))
+    return defining_modules(model, train_set)
 
 
 def launch(
@@ -100,8 +106,8 @@ def launch(
         check(plan, cfg, env.world_size, source)
         return worker_entry(plan.model_dump_json(), resume_config(plan, cfg), None)
     nproc = nodes.nproc_per_node or -(-plan.world_size // nodes.nnodes)
-    check(plan, cfg, nproc * nodes.nnodes, source)
-    return _elastic(plan, resume_config(plan, cfg), nodes, nproc)
+    modules = check(plan, cfg, nproc * nodes.nnodes, source)
+    return _elastic(plan, resume_config(plan, cfg), nodes, nproc, modules)
 
 
 def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
@@ -114,7 +120,9 @@ def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
     return replace(cfg, resume_from=str(ck.path))
 
 
-def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[WorkerResult] | None:
+def _elastic(
+    plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int, modules: tuple[str, ...] = ()
+) -> list[WorkerResult] | None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -143,7 +151,7 @@ def _elastic(plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int) -> list[Worke
         start_method="spawn" if cfg.device == "cuda" else "forkserver",
     )
     if config.start_method == "forkserver":
-        _preload_forkserver()
+        preload_forkserver(modules)
     named_sems.no_named_locks()
     with (
         tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir,
@@ -177,14 +185,6 @@ def _transport_swept(run_id: str, node: str) -> Iterator[None]:
         yield
     finally:
         remove_leftovers(run_id, node)
-
-
-def _preload_forkserver() -> None:
-    """Import what every worker needs once, in the forkserver, before it forks them."""
-    import multiprocessing
-
-    # torch._dynamo: creating an optimizer imports it (seconds); pdrun.runner: the worker itself.
-    multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", "pdrun.runner"])
 
 
 class Stopped(RunError):

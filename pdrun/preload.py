@@ -1,0 +1,58 @@
+"""What the forkserver imports once before it forks the workers: torch, the worker, and the model's own packages.
+
+Every worker builds the plan's model from its spec. Without a preload each would import the
+model's packages afresh: for a Hugging Face model that is ``transformers`` and its model
+classes, about 6 CPU-seconds a worker (tiny GPT-2, measured), paid again by every rank of every
+launch. The launcher has built the model already (``pdrun.launch.check``), so it knows which
+modules that took; the forkserver imports those, and its children start with them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from multiprocessing import forkserver
+from typing import Any
+
+# torch._dynamo: creating an optimizer imports it (seconds); pdrun.runner: the worker itself.
+BASE = ("torch", "torch._dynamo", "pdrun.runner")
+# torch is in BASE; the standard library costs nothing to import again.
+_NOT_PRELOADED = {"torch", "builtins", *sys.stdlib_module_names}
+
+
+def defining_modules(*objects: Any) -> tuple[str, ...]:
+    """The imported modules of the packages that define ``objects``' classes (a model's modules: every submodule).
+
+    Only modules with an import spec of their own name: one loaded from a file path under a
+    made-up name cannot be imported by name in the forkserver.
+    """
+    packages: set[str] = set()
+    for obj in objects:
+        parts = obj.modules() if hasattr(obj, "modules") and callable(obj.modules) else [obj]
+        packages |= {type(p).__module__.split(".")[0] for p in parts}
+    packages -= _NOT_PRELOADED
+    found = []
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        if name.split(".")[0] in packages and spec is not None and spec.name == name:
+            found.append(name)
+    return tuple(sorted(found))
+
+
+def preload_forkserver(extra: tuple[str, ...] = ()) -> None:
+    """Have the forkserver import ``BASE`` and ``extra`` before it forks a worker.
+
+    The forkserver is one per process and keeps the preload it started with. pdrun's command
+    line launches once, but a program calling ``launch`` for one model after another would
+    keep the first model's: when the running one lacks a module wanted now, it is stopped and
+    the next launch starts a fresh one (CPython's private ``_stop``; where it is missing, the
+    workers import what they lack themselves, as without a preload).
+    """
+    server = getattr(forkserver, "_forkserver", None)
+    running = getattr(server, "_forkserver_pid", None) is not None
+    current = tuple(getattr(server, "_preload_modules", ()) or ())
+    wanted = tuple(dict.fromkeys((*BASE, *current, *extra)))  # ordered, without repeats
+    stop = getattr(server, "_stop", None)
+    if running and not set(wanted) <= set(current) and callable(stop):
+        stop()
+    multiprocessing.set_forkserver_preload(list(wanted))
