@@ -10,7 +10,12 @@ of ``microbatches x batch_size`` samples:
   gradients accumulated locally and all-reduced once per step by ``DistributedDataParallel``;
 - ``pipe-1f1b`` / ``pipe-gpipe``: one process per stage of the plan's split (the same
   ``nn.Module`` cut as pdrun's, see ``bench.stage_split``), ``Schedule1F1B`` or
-  ``ScheduleGPipe`` over ``microbatches`` microbatches of ``batch_size``.
+  ``ScheduleGPipe`` over ``microbatches`` microbatches of ``batch_size``;
+- ``pipe-interleaved-1f1b`` / ``pipe-zb``: ``ScheduleInterleaved1F1B`` or
+  ``ScheduleInterleavedZeroBubble`` (ZB1P, Qi et al.), the split's stages dealt out as
+  pdrun deals an interleaved plan's chunks: with ``chunks`` V, rank ``r`` of ``world`` holds
+  one ``PipelineStage`` per chunk ``c``, stage index ``c * world + r``. Both run with V = 1 too
+  (one stage a rank).
 
 Each worker times its steps after ``warmup`` untimed ones and splits its time into
 compute (forward, backward, loss), optimizer and the rest (communication, waiting and
@@ -38,7 +43,16 @@ from shared.errors import RunError, UserError
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import TraceOptions
 
-SYSTEMS = ("single", "ddp", "pipe-1f1b", "pipe-gpipe")
+# torch.distributed.pipelining's schedule class behind each "pipe-" system.
+PIPE_SCHEDULES = {
+    "1f1b": "Schedule1F1B",
+    "gpipe": "ScheduleGPipe",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zb": "ScheduleInterleavedZeroBubble",
+}
+# The schedules that take a list of stages (PipelineScheduleMulti): several chunks a rank.
+MULTI_STAGE = ("interleaved-1f1b", "zb")
+SYSTEMS = ("single", "ddp", *(f"pipe-{name}" for name in PIPE_SCHEDULES))
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class Settings:
     batch_size: int = 64  # samples per microbatch (the plan's unit)
     microbatches: int = 4  # microbatches per optimizer step
     stage_of: dict[str, int] = field(default_factory=dict)  # the plan's split: layer -> stage
+    chunks: int = 1  # pipelining's stages per rank (interleaved: rank r holds stages c * world + r)
     steps: int = 20  # timed steps
     warmup: int = 3  # untimed steps before them
     seed: int = 0
@@ -384,7 +399,8 @@ class _Contiguous(nn.Module):
 
 
 def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[str, Any]:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import PipelineStage, schedules
 
     from bench.slow_link import patch_pipelining
     from bench.stage_split import split_stages
@@ -392,35 +408,46 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
 
     model = build_model(s)
     stages = split_stages(trace(model, s.trace), s.stage_of)
-    if len(stages.modules) != world:
-        raise UserError(f"pipelining: the split has {len(stages.modules)} stages, run with as many workers")
+    n = len(stages.modules)
+    if n != world * s.chunks:
+        raise UserError(f"pipelining: the split has {n} stages, {world} workers x {s.chunks} chunks expected")
+    if s.chunks > 1 and schedule_name not in MULTI_STAGE:
+        raise UserError(f"pipelining: {PIPE_SCHEDULES[schedule_name]} runs one stage a rank, not {s.chunks}")
     patch_pipelining(s.bandwidth)
-    module: nn.Module = stages.modules[rank]
-    if s.channels_last:
-        from shared.layout import module_to_channels_last
+    mine = [c * world + rank for c in range(s.chunks)]  # pdrun's chunk order: chunk c of worker w
+    modules: list[nn.Module] = []
+    for index in mine:
+        module: nn.Module = stages.modules[index]
+        if s.channels_last:
+            from shared.layout import module_to_channels_last
 
-        module_to_channels_last(module)
-        # gloo sends only contiguous tensors: a user's stage hands its NHWC output on as NCHW (a copy).
-        module = _Contiguous(module)
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+            module_to_channels_last(module)
+            # gloo sends only contiguous tensors: a user's stage hands its NHWC output on as NCHW (a copy).
+            module = _Contiguous(module)
+        modules.append(module)
+    built = [PipelineStage(m, i, n, torch.device("cpu")) for m, i in zip(modules, mine, strict=True)]
     loss_fn = resolve_loss(s.loss)
-    cls = Schedule1F1B if schedule_name == "1f1b" else ScheduleGPipe
-    schedule = cls(stage, s.microbatches, loss_fn=loss_fn)
+    cls = getattr(pipelining, PIPE_SCHEDULES[schedule_name])
+    schedule = cls(built if schedule_name in MULTI_STAGE else built[0], s.microbatches, loss_fn=loss_fn)
     compute = [0.0]
     parts = {name: [0.0] for name in ("forward_s", "backward_s", "loss_s", "send_s", "recv_wait_s")}
-    stage.forward_one_chunk = _timed(stage.forward_one_chunk, compute, parts["forward_s"])  # type: ignore[method-assign]
-    stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute, parts["backward_s"])  # type: ignore[method-assign]
-    schedule._compute_loss = _timed(schedule._compute_loss, compute, parts["loss_s"])  # type: ignore[method-assign]
+    for stage in built:
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, compute, parts["forward_s"])  # type: ignore[method-assign]
+        stage.backward_one_chunk = _timed(stage.backward_one_chunk, compute, parts["backward_s"])  # type: ignore[method-assign]
+        # Zero bubble's W (the weight gradients), counted as backward as pdrun's metrics count it.
+        stage.backward_weight_one_chunk = _timed(  # type: ignore[method-assign]
+            stage.backward_weight_one_chunk, compute, parts["backward_s"]
+        )
+    schedule._compute_loss = _timed(schedule._compute_loss, compute, parts["loss_s"])
     # Posting sends/receives and waiting for them (with the emulated link's sleep, when set).
-    from torch.distributed.pipelining import schedules
-
     comm = [0.0]
     schedules._batch_p2p = _timed(schedules._batch_p2p, comm, parts["send_s"])
     schedules._wait_batch_p2p = _timed(schedules._wait_batch_p2p, comm, parts["recv_wait_s"])
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
-    opt = torch.optim.SGD(module.parameters(), lr=s.lr, momentum=s.momentum)
-    first, last = rank == 0, rank == world - 1
+    params = [p for m in modules for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=s.lr, momentum=s.momentum)
+    first, last = rank == 0, rank == world - 1  # rank 0 holds stage 0, the last rank stage n - 1
 
     def step(i: int) -> float | None:
         xb, yb = batch_at(x, y, order, i, s.microbatches)
@@ -477,7 +504,8 @@ def run(system: str, s: Settings, world: int | None = None) -> Result:
     if system not in SYSTEMS:
         raise UserError(f"system {system!r}: expected one of {', '.join(SYSTEMS)}")
     if world is None:
-        world = 1 if system == "single" else (max(s.stage_of.values()) + 1 if s.stage_of else 2)
+        stages = max(s.stage_of.values()) + 1 if s.stage_of else 2
+        world = 1 if system == "single" else max(1, stages // s.chunks)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()

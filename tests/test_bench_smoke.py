@@ -58,6 +58,38 @@ def test_pipelining_baseline_runs_and_matches_sequential() -> None:
     torch.testing.assert_close(result.losses, _sequential_losses(s), rtol=1e-5, atol=1e-6)
 
 
+def _cut_at(s: Settings, firsts: list[str], **kw: Any) -> Settings:
+    """``s`` split into stages that open at the layers ``firsts`` (in the traced order)."""
+    from shared.tracer import trace
+
+    names = [layer.name for layer in trace(build_model(s), s.trace).layers]
+    cuts = [names.index(f) for f in firsts]
+    stage_of = {n: sum(i >= c for c in cuts) for i, n in enumerate(names)}
+    return Settings(**{**s.__dict__, "stage_of": stage_of, **kw})
+
+
+def test_pipelining_multi_stage_schedules_run_and_match_sequential() -> None:
+    # Interleaved 1F1B and interleaved zero bubble on 4 stages dealt to 2 ranks (rank r holds stages r
+    # and r + 2, pdrun's chunk order), and zero bubble with one stage a rank: each trains what one
+    # process trains (the flush arithmetic). The cuts follow the residual adds: torch's zero bubble
+    # detaches a sent output in place, which fails when the stage's own backward saved it (a ReLU's
+    # output, as an even split of resmlp sends), with "a saved tensor that has been detached in-place".
+    base = _two_stages(
+        model="zoo:resmlp", model_args={"width": 32, "depth": 3}, data="zoo:synthetic", data_args={"size": 96}
+    )
+    four = _cut_at(base, ["blocks_1_fc1", "blocks_2_fc1", "head"], chunks=2, steps=2)
+    expected = _sequential_losses(four)
+    for system in ("pipe-interleaved-1f1b", "pipe-zb"):
+        result = run(system, four)
+        assert result.world == 2 and len(result.ranks) == 2 and result.steps == 2, system
+        assert all(r.compute_s > 0 for r in result.ranks), system
+        torch.testing.assert_close(result.losses, expected, rtol=1e-5, atol=1e-6)
+    two = _cut_at(base, ["blocks_2_fc1"], steps=2)
+    result = run("pipe-zb", two)
+    assert result.world == 2
+    torch.testing.assert_close(result.losses, _sequential_losses(two), rtol=1e-5, atol=1e-6)
+
+
 def test_pipelining_baseline_in_channels_last_trains_the_same_cnn() -> None:
     # The baseline at pdrun's layout: NHWC weights and inputs, each stage's output handed on contiguous
     # (gloo sends nothing else). Without the hand-off the send fails; with it the losses are sequential
