@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.measure import Figure, Report, work_args
+from bench.measure import Figure, Report, main_of
 from pdplan.build import with_memory
 from pdprof.profiler import ProfileConfig, profile_spec
 from pdrun.config import RunConfig
@@ -97,10 +97,7 @@ def bench(work: Path, steps: int) -> Report:
 
 
 def main(argv: list[str] | None = None) -> Report:
-    work, quick = work_args(__doc__, argv)
-    report = bench(work, 4 if quick else 12)
-    report.save(work / "bench_memory.json")
-    return report
+    return main_of(__doc__, argv, "bench_memory", lambda work, quick: bench(work, 4 if quick else 12))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import toolchain
-from bench.measure import Figure, Report, check, pdrun_timing, work_args
+from bench.measure import Figure, Report, judged, main_of, pdrun_timing
 from shared.plan import load_plan
 
 
@@ -195,13 +195,13 @@ def bench(work: Path, cfg: Config) -> Report:
     for row in rows:
         ratio = row["simulated_over_measured"]
         report.add(
-            Figure(
+            judged(
                 f"simulated / measured time per minibatch: {row['case']}",
                 ratio,
                 "",
                 row["command"],
-                target="0.9 .. 1.1",
-                meets=check(ratio, ">=", 0.9) and check(ratio, "<=", 1.1),
+                at_least=0.9,
+                at_most=1.1,
             )
         )
     for row in rows:
@@ -217,10 +217,9 @@ def bench(work: Path, cfg: Config) -> Report:
 
 
 def main(argv: list[str] | None = None) -> Report:
-    work, quick = work_args(__doc__, argv)
-    report = bench(work, QUICK if quick else Config())
-    report.save(work / "bench_predict.json")
-    return report
+    return main_of(
+        __doc__, argv, "bench_predict", lambda work, quick: bench(work, QUICK if quick else Config())
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.measure import Figure, Report, check, work_args
+from bench.measure import Report, judged, main_of
 from pdrun.plans import cut_plan, traced_for
 from shared.plan import save_plan
 from shared.spec import RunSpec
@@ -166,24 +166,22 @@ def bench(work: Path, cfg: Config) -> Report:
         big = best[cfg.steps[-1]]
         ratio = big.seconds / base.seconds
         report.add(
-            Figure(
+            judged(
                 f"time to first step, --steps {cfg.steps[-1]:.0e} / {cfg.steps[0]:.0e}, {schedule}",
                 ratio,
                 "x",
                 command,
-                target="<= 1.2",
-                meets=check(ratio, "<=", 1.2),
+                at_most=1.2,
             )
         )
         rss = rows[-1]["rss_x_of_10^2"]
         report.add(
-            Figure(
+            judged(
                 f"peak RSS, --steps {cfg.steps[-1]:.0e} / {cfg.steps[0]:.0e}, {schedule} (largest process ratio)",
                 rss,
                 "x",
                 command,
-                target="<= 1.05",
-                meets=check(rss, "<=", 1.05),
+                at_most=1.05,
             )
         )
     report.tables["startup"] = rows
@@ -194,13 +192,12 @@ def bench(work: Path, cfg: Config) -> Report:
             done.append({"schedule": schedule, "steps": steps, "step_20_checkpoint_s": got.seconds})
         ratio = done[-1]["step_20_checkpoint_s"] / done[-2]["step_20_checkpoint_s"]
         report.add(
-            Figure(
+            judged(
                 f"step-20 checkpoint, --steps {cfg.done_when[-1]} / {cfg.done_when[0]}, {schedule}",
                 ratio,
                 "x",
                 f"{command} (issue 15's Done when)",
-                target="<= 1.2",
-                meets=check(ratio, "<=", 1.2),
+                at_most=1.2,
             )
         )
     report.tables["step_20_checkpoint"] = done
@@ -208,10 +205,9 @@ def bench(work: Path, cfg: Config) -> Report:
 
 
 def main(argv: list[str] | None = None) -> Report:
-    work, quick = work_args(__doc__, argv)
-    report = bench(work, QUICK if quick else Config())
-    report.save(work / "bench_startup.json")
-    return report
+    return main_of(
+        __doc__, argv, "bench_startup", lambda work, quick: bench(work, QUICK if quick else Config())
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,29 @@ def check(value: float, op: str, bound: float) -> bool:
     if math.isnan(value):
         return False
     return value >= bound if op == ">=" else value <= bound
+
+
+def judged(
+    name: str,
+    value: float,
+    unit: str,
+    command: str,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    note: str = "",
+) -> Figure:
+    """A figure with the target the issue sets: ``>= at_least``, ``<= at_most``, or ``lo .. hi`` with both;
+    ``meets`` says whether ``value`` holds it (NaN never does). With neither bound it is only reported."""
+    if at_least is not None and at_most is not None:
+        target = f"{at_least:g} .. {at_most:g}"
+        meets: bool | None = check(value, ">=", at_least) and check(value, "<=", at_most)
+    elif at_least is not None:
+        target, meets = f">= {at_least:g}", check(value, ">=", at_least)
+    elif at_most is not None:
+        target, meets = f"<= {at_most:g}", check(value, "<=", at_most)
+    else:
+        target, meets = "", None
+    return Figure(name, value, unit, command, note=note, target=target, meets=meets)
 
 
 @dataclass
@@ -126,6 +150,17 @@ def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
         losses=[float(v) for v in loss_rows.to_list()],
         step_s=[float(v) for v in timed.groupby("step")["wall_s"].max().to_list()],
     )
+
+
+def main_of(
+    doc: str | None, argv: list[str] | None, name: str, bench: Callable[[Path, bool], Report]
+) -> Report:
+    """A benchmark's ``main``: its command line (``work_args``), ``bench(work, quick)``, the report saved
+    as ``WORK/NAME.json``."""
+    work, quick = work_args(doc, argv)
+    report = bench(work, quick)
+    report.save(work / f"{name}.json")
+    return report
 
 
 def work_args(doc: str | None, argv: list[str] | None) -> tuple[Path, bool]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plots
-from bench.measure import Figure, Report, check
+from bench.measure import Figure, Report, judged
 from shared.cli import console
 from shared.io import atomic_write_bytes
 
@@ -176,13 +176,12 @@ def external_figures(name: str, ext: dict[str, Any] | None) -> Report | None:
                 continue
             target = row.get("target_s")
             rep.add(
-                Figure(
+                judged(
                     f"planner seconds: {row.get('case')} ({row.get('layers')} layers)",
                     float(row["plan_s"]),
                     " s",
                     f"{ext['command']} --only {row.get('case')}",
-                    target=f"<= {target}" if target is not None else "",
-                    meets=check(float(row["plan_s"]), "<=", float(target)) if target is not None else None,
+                    at_most=float(target) if target is not None else None,
                 )
             )
             if isinstance(row.get("faster"), (int, float)):
@@ -199,13 +198,13 @@ def external_figures(name: str, ext: dict[str, Any] | None) -> Report | None:
             if isinstance(run, dict) and isinstance(run.get("ratio"), (int, float)):
                 ratio = float(run["ratio"])
                 rep.add(
-                    Figure(
+                    judged(
                         f"pdprof layer sum / whole step, {result.get('model')} (run {i + 1})",
                         ratio,
                         "",
                         ext["command"],
-                        target="0.85 .. 1.15",
-                        meets=check(ratio, ">=", 0.85) and check(ratio, "<=", 1.15),
+                        at_least=0.85,
+                        at_most=1.15,
                     )
                 )
     return rep
