@@ -30,7 +30,7 @@ from pdrun.stage import build_stage
 from pdrun.transport import Transport
 from pdrun.values import with_channels_last
 from pdrun.weights import WeightVersions
-from pdrun.worker import Peers, StepStats, Worker
+from pdrun.worker import PARTS, Peers, StepStats, Worker
 from shared.errors import UserError
 from shared.layout import module_to_channels_last, use_channels_last
 from shared.plan import Plan
@@ -136,6 +136,21 @@ def run_chunks(
     comm.drain()
 
 
+def rank_rows(chunks: list[Worker], shown: Worker) -> list[dict[str, Any]]:
+    """The rank's step rows: the shown chunk's, with the time of every chunk summed (the rank ran them all).
+
+    Each chunk's worker times only its own instructions; a row with one chunk's would count the
+    rank's other chunks as time in no instruction. Every chunk steps at every step, so the chunks'
+    rows line up step by step."""
+    if any(len(w.step_rows) != len(shown.step_rows) for w in chunks):
+        return shown.step_rows
+    timed = ("compute_s", "comm_s", "idle_s", *PARTS)
+    return [
+        {**row, **{col: sum(w.step_rows[i][col] for w in chunks) for col in timed}}
+        for i, row in enumerate(shown.step_rows)
+    ]
+
+
 def train_interleaved(
     env: DistEnv,
     plan: Plan,
@@ -232,7 +247,7 @@ def train_interleaved(
         units=base,
         updates=shown.steps,
         wall_s=time.perf_counter() - t_start,
-        rows=shown.step_rows,
+        rows=rank_rows(chunks, shown),
         events=[],
         params=merged if cfg.record else {},
         send_thread=comm.poster is not None,
