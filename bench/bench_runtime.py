@@ -12,6 +12,17 @@ each of pdrun's schedules, the measured busy fraction (computing time over worke
 time) against that schedule's own ideal: the busy fraction the planner's simulator gives for
 the same program with the profiled costs, the limit a perfect runtime reaches.
 
+The second wave's schedules stand beside their torch counterparts: pdrun's interleaved-1f1b
+(2 workers x 2 chunks, the planner's ``--virtual-stages 2`` plan) beside
+``ScheduleInterleaved1F1B`` on the same 4 chunks (one ``PipelineStage`` per chunk, stage
+index = chunk, rank w holding chunks w and w + 2), and pdrun's zb-h1 beside
+``ScheduleInterleavedZeroBubble`` with one stage a rank on the 2-stage split (torch 2.13 runs
+it so; it needs no second stage a rank). The bubble table gives each, and pdrun's
+1f1b-flush, the measured idle fraction (1 - busy fraction) and samples/s beside the
+simulator's for pdrun's program of that schedule (``shared.simulate`` via
+``pdplan.schedule_sim``). A run that fails is reported as failed in its row and figures; the
+others are still written.
+
 Run alone: ``python -m bench.bench_runtime [--quick]``.
 """
 
@@ -27,8 +38,8 @@ import pandas as pd
 
 from bench import toolchain
 from bench.baselines import Result, Settings, run
-from bench.measure import Figure, PdrunTiming, Report, check, pdrun_timing, work_args
-from pdplan.schedule_sim import simulate_plan, stage_costs
+from bench.measure import Figure, PdrunTiming, Report, judged, main_of, pdrun_timing
+from pdplan.schedule_sim import ScheduleFigures, simulate_plan, stage_costs
 from shared.graph import LayerGraph, load_graph
 from shared.plan import Plan, load_plan
 from shared.zoo.datasets.pydoc_text import VOCAB_SIZE as PYDOC_VOCAB
@@ -41,6 +52,10 @@ PDRUN_RUNS = {
     "1f1b": ("1f1b", "auto"),
     "1f1b-flush nchw": ("1f1b-flush", "contiguous"),
     "gpipe nchw": ("gpipe", "contiguous"),
+    # The second wave beside their torch counterparts: interleaved-1f1b on the chunked plan (2 workers x
+    # V = 2 chunks), zb-h1 on the 2-stage plan the others run.
+    "interleaved-1f1b": ("interleaved-1f1b", "auto"),
+    "zb-h1": ("zb-h1", "auto"),
 }
 # Baselines: label -> (system, channels-last). pipelining's stages also run in pdrun's layout (gloo
 # sends only contiguous tensors, so each stage hands its output on as NCHW, as a user would).
@@ -49,10 +64,18 @@ BASELINES = {
     "pipe-gpipe": ("pipe-gpipe", False),
     "pipe-1f1b channels-last": ("pipe-1f1b", True),
     "pipe-gpipe channels-last": ("pipe-gpipe", True),
+    "pipe-interleaved-1f1b": ("pipe-interleaved-1f1b", False),
+    "pipe-zb": ("pipe-zb", False),
+    "pipe-interleaved-1f1b channels-last": ("pipe-interleaved-1f1b", True),
+    "pipe-zb channels-last": ("pipe-zb", True),
     "single": ("single", False),
     "ddp": ("ddp", False),
 }
-# Which baseline each pdrun schedule is compared with at equal settings.
+# The runs on the chunked plan (V = 2 chunks a worker): the rest run the 2-stage plan.
+CHUNKED = ("interleaved-1f1b", "pipe-interleaved-1f1b", "pipe-interleaved-1f1b channels-last")
+VIRTUAL_STAGES = 2
+# Which baseline each pdrun schedule is compared with at equal settings (a case compares the pairs
+# whose both sides it runs).
 PAIRS = (
     (
         "1f1b-flush",
@@ -69,7 +92,37 @@ PAIRS = (
     ("1f1b-flush", "ddp", "pdrun 1F1B-flush / DDP"),
     ("1f1b-flush nchw", "pipe-1f1b", "pdrun 1F1B-flush, NCHW layout / pipelining Schedule1F1B"),
     ("gpipe nchw", "pipe-gpipe", "pdrun GPipe, NCHW layout / pipelining ScheduleGPipe"),
+    (
+        "interleaved-1f1b",
+        "pipe-interleaved-1f1b channels-last",
+        "pdrun interleaved-1F1B / pipelining ScheduleInterleaved1F1B (2 ranks x 2 chunks), both channels-last",
+    ),
+    (
+        "zb-h1",
+        "pipe-zb channels-last",
+        "pdrun ZB-H1 / pipelining ScheduleInterleavedZeroBubble (one stage a rank), both channels-last",
+    ),
+    (
+        "interleaved-1f1b",
+        "pipe-interleaved-1f1b",
+        "pdrun interleaved-1F1B / pipelining ScheduleInterleaved1F1B (2 ranks x 2 chunks)",
+    ),
+    ("zb-h1", "pipe-zb", "pdrun ZB-H1 / pipelining ScheduleInterleavedZeroBubble (one stage a rank)"),
 )
+# The bubble table: each new schedule, its torch counterpart, and pdrun's 1f1b-flush; (pdrun's schedule
+# the simulator runs for the row, label). Interleaving divides 1F1B-flush's bubble by V (Narayanan et
+# al., SC'21, section 2.2.1); ZB-H1 cuts it to about a third at T_F = T_B = T_W (Qi et al., ICLR'24,
+# section 3.1): both papers say the bubble is smaller than 1F1B-flush's.
+BUBBLE_ROWS = (
+    ("1f1b-flush", "1f1b-flush"),
+    ("interleaved-1f1b", "interleaved-1f1b"),
+    ("interleaved-1f1b", "pipe-interleaved-1f1b channels-last"),
+    ("interleaved-1f1b", "pipe-interleaved-1f1b"),
+    ("zb-h1", "zb-h1"),
+    ("zb-h1", "pipe-zb channels-last"),
+    ("zb-h1", "pipe-zb"),
+)
+SMALLER_BUBBLE = 0.9  # "measurably smaller": at most 0.9 of 1f1b-flush's measured idle fraction
 # The split of a rank's time the "where time goes" table gives, where a system measures it.
 PARTS = ("forward_s", "backward_s", "loss_s", "optimizer_s", "send_s", "recv_wait_s")
 
@@ -101,12 +154,23 @@ class Case:
     model_args: tuple[tuple[str, Any], ...] = ()
     pdrun_runs: tuple[str, ...] = tuple(PDRUN_RUNS)
     baselines: tuple[str, ...] = tuple(BASELINES)
-    pairs: tuple[tuple[str, str, str], ...] = PAIRS
     target: float | None = 1.2  # the ratio over pipelining the issue asks of pdrun (None: reported only)
     steps: int | None = None  # timed steps, if fewer than the config's (a slower model)
 
+    @property
+    def pairs(self) -> tuple[tuple[str, str, str], ...]:
+        """The pairs of ``PAIRS`` whose both sides this case runs."""
+        return tuple(p for p in PAIRS if p[0] in self.pdrun_runs and p[1] in self.baselines)
 
-CNN = Case("", "zoo:mnist_cnn", "zoo:mnist5k", 64)
+
+# The CNN's new torch schedules run in pdrun's layout only (the NCHW pairs above show the layout's share).
+CNN = Case(
+    "",
+    "zoo:mnist_cnn",
+    "zoo:mnist5k",
+    64,
+    baselines=tuple(b for b in BASELINES if b not in ("pipe-interleaved-1f1b", "pipe-zb")),
+)
 # The zoo's GPT at 4 layers x 256 wide: 3-d activations, so no layout variants; no target, only the figure.
 GPT = Case(
     "GPT 4x256",
@@ -121,16 +185,8 @@ GPT = Case(
         ("block_size", 64),
         ("vocab_size", PYDOC_VOCAB),
     ),
-    pdrun_runs=("1f1b-flush", "gpipe", "1f1b"),
-    baselines=("pipe-1f1b", "pipe-gpipe", "single", "ddp"),
-    pairs=(
-        ("1f1b-flush", "pipe-1f1b", "pdrun 1F1B-flush / pipelining Schedule1F1B"),
-        ("gpipe", "pipe-gpipe", "pdrun GPipe / pipelining ScheduleGPipe"),
-        ("1f1b", "pipe-1f1b", "pdrun 1F1B (async) / pipelining Schedule1F1B"),
-        ("1f1b", "single", "pdrun 1F1B (async) / single process"),
-        ("1f1b", "ddp", "pdrun 1F1B (async) / DDP"),
-        ("1f1b-flush", "ddp", "pdrun 1F1B-flush / DDP"),
-    ),
+    pdrun_runs=("1f1b-flush", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
+    baselines=("pipe-1f1b", "pipe-gpipe", "pipe-interleaved-1f1b", "pipe-zb", "single", "ddp"),
     target=None,
     steps=12,
 )
@@ -215,6 +271,22 @@ def make_plan(work: Path, cfg: Config, case: Case = CNN) -> tuple[Path, Path, li
     return graph, plan_path, cmds
 
 
+def make_chunked_plan(work: Path, graph: Path, cfg: Config, case: Case) -> tuple[Path, str]:
+    """The interleaved plan of the same graph: 2 workers x ``VIRTUAL_STAGES`` chunks, the planner's cuts."""
+    path = work / f"plan-chunked{_slug(case.name)}.json"
+    done = toolchain.plan(
+        graph,
+        path,
+        2,
+        cfg.bandwidth,
+        "interleaved-1f1b",
+        cfg.microbatches,
+        straight=True,
+        extra=["--virtual-stages", str(VIRTUAL_STAGES)],
+    )
+    return path, done.cmd
+
+
 def _slug(name: str) -> str:
     return "-" + "".join(c if c.isalnum() else "-" for c in name.lower()) if name else ""
 
@@ -226,17 +298,43 @@ def bench(work: Path, cfg: Config, cases: tuple[Case, ...] = CASES) -> Report:
     return report
 
 
+def _failure(exc: Exception) -> str:
+    """One line for a run that failed: the table and the figure carry it, and the other runs go on."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"failed: {type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
-    """Run every system of ``case`` and add its figures and tables to ``report``."""
+    """Run every system of ``case`` and add its figures and tables to ``report``.
+
+    A run that fails (or whose plan the planner refuses) is reported as failed, in its table row and
+    in every figure that needs it; the other runs still run and are written."""
     graph_path, plan_path, cmds = make_plan(work, cfg, case)
     plan = load_plan(plan_path)
     s = settings_from_plan(plan, cfg)
+    failed: dict[str, str] = {}
+    chunked: Plan | None = None
+    chunked_path: Path | None = None
+    if any(label in CHUNKED for label in (*case.pdrun_runs, *case.baselines)):
+        try:
+            chunked_path, chunked_cmd = make_chunked_plan(work, graph_path, cfg, case)
+            chunked = load_plan(chunked_path)
+            cmds.append(chunked_cmd)
+        except Exception as exc:  # the chunked runs fail with it; the others go on
+            failed.update(dict.fromkeys(CHUNKED, _failure(exc)))
     prefix = f"{case.name}: " if case.name else ""
     suffix = f" {case.name}" if case.name else ""
+    chunk_note = (
+        f"; interleaved runs: {len(chunked.stages)} chunks "
+        f"({' | '.join(str(len(st.layers)) for st in chunked.stages)} layers), chunk c of worker w at "
+        f"stages[c * 2 + w], torch's PipelineStage index the same"
+        if chunked is not None
+        else ""
+    )
     report.notes.append(
         f"{prefix}{case.model} {dict(case.model_args) or ''} on {case.data}: {len(plan.stages)} stages "
         f"({' | '.join(str(len(st.layers)) + ' layers' for st in plan.stages)}, the cut before "
-        f"{plan.stages[-1].layers[0]!r}), microbatch {case.batch_size}, "
+        f"{plan.stages[-1].layers[0]!r}){chunk_note}, microbatch {case.batch_size}, "
         f"{cfg.microbatches} microbatches per step ({s.global_batch} samples), {cfg.steps} timed steps after "
         f"{cfg.warmup} warm-up steps, SGD lr {cfg.lr} momentum {cfg.momentum}, one thread per process, "
         f"gloo on 127.0.0.1; best of {cfg.repeats} interleaved runs. Plan: {' && '.join(cmds)}"
@@ -245,14 +343,33 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
     best_base: dict[str, Result] = {}
     for _ in range(cfg.repeats):
         for label in case.pdrun_runs:
+            if label in failed:
+                continue
             schedule, memory_format = PDRUN_RUNS[label]
-            got = run_pdrun(plan_path, schedule, cfg, work, "rt" + _slug(case.name), memory_format)
+            path = chunked_path if label in CHUNKED else plan_path
+            assert path is not None
+            try:
+                got = run_pdrun(path, schedule, cfg, work, "rt" + _slug(case.name), memory_format)
+            except Exception as exc:  # reported as failed; the other systems still run
+                failed[label] = _failure(exc)
+                continue
             best = best_runs.get(label)
             if best is None or got.timing.steady_samples_per_s > best.timing.steady_samples_per_s:
                 best_runs[label] = got
         for label in case.baselines:
+            if label in failed:
+                continue
             system, channels_last = BASELINES[label]
-            r = run(system, replace(s, channels_last=channels_last), 2 if system == "ddp" else None)
+            if label in CHUNKED:
+                assert chunked is not None
+                run_s = replace(settings_from_plan(chunked, cfg), chunks=chunked.virtual_stages)
+            else:
+                run_s = s
+            try:
+                r = run(system, replace(run_s, channels_last=channels_last), 2 if system == "ddp" else None)
+            except Exception as exc:  # reported as failed; the other systems still run
+                failed[label] = _failure(exc)
+                continue
             if label not in best_base or r.steady_samples_per_s > best_base[label].steady_samples_per_s:
                 best_base[label] = r
     best_pd = {label: (r.cmd, r.timing) for label, r in best_runs.items()}
@@ -280,20 +397,19 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
                 "command": base_cmd,
             }
         )
+    for label, why in failed.items():
+        if label in (*case.pdrun_runs, *case.baselines):
+            rows.append({"system": f"pdrun {label}" if label in PDRUN_RUNS else label, "command": why})
     report.tables[f"throughput{suffix}"] = rows
     for ours, theirs, name in case.pairs:
-        ratio = best_pd[ours][1].steady_samples_per_s / best_base[theirs].steady_samples_per_s
         wanted = case.target if theirs.startswith("pipe") else None
-        report.add(
-            Figure(
-                prefix + name,
-                ratio,
-                "x",
-                f"{best_pd[ours][0]}  vs  {base_cmd}",
-                target=f">= {wanted}" if wanted is not None else "",
-                meets=check(ratio, ">=", wanted) if wanted is not None else None,
-            )
-        )
+        missing = failed.get(ours) or failed.get(theirs)
+        if ours in best_pd and theirs in best_base:
+            ratio = best_pd[ours][1].steady_samples_per_s / best_base[theirs].steady_samples_per_s
+            command = f"{best_pd[ours][0]}  vs  {base_cmd}"
+        else:
+            ratio, command = math.nan, base_cmd
+        report.add(judged(prefix + name, ratio, "x", command, at_least=wanted, note=missing or ""))
     # Equal settings, checked: the flush schedules train exactly what one process trains.
     for ours, theirs in (("1f1b-flush", "pipe-1f1b"), ("1f1b-flush", "single"), ("gpipe", "pipe-gpipe")):
         if ours not in best_pd or theirs not in best_base:
@@ -314,9 +430,12 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
     graph = load_graph(graph_path)
     busy_rows: list[dict[str, Any]] = []
     for label in case.pdrun_runs:
+        if label not in best_runs:
+            continue
         schedule, _ = PDRUN_RUNS[label]
         measured = _busy_fraction(best_runs[label].timing)
-        ideal = ideal_busy_fraction(graph, plan, schedule, cfg.microbatches)
+        run_plan = chunked if label in CHUNKED and chunked is not None else plan
+        ideal = ideal_busy_fraction(graph, run_plan, schedule, cfg.microbatches)
         busy_rows.append(
             {
                 "schedule": label,
@@ -327,6 +446,7 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             }
         )
     report.tables[f"busy_fraction{suffix}"] = busy_rows
+    _bubble_table(report, case, graph, plan, chunked, cfg, best_runs, best_base, failed, prefix, suffix)
     for row in busy_rows:
         if row["schedule"] != "1f1b":
             continue
@@ -343,20 +463,111 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
                 f"{prefix}1F1B's ideal busy fraction for this plan (the simulator's, same program)",
                 row["ideal_busy_fraction"],
                 "",
-                cmds[-1],
+                cmds[1],
             )
         )
         ratio = row["measured_over_ideal"]
         report.add(
-            Figure(
+            judged(
                 f"{prefix}measured efficiency / the schedule's ideal",
                 ratio,
                 "",
                 row["command"],
-                target=">= 0.85",
-                meets=check(ratio, ">=", 0.85),
+                at_least=0.85,
             )
         )
+
+
+def _bubble_table(
+    report: Report,
+    case: Case,
+    graph: LayerGraph,
+    plan: Plan,
+    chunked: Plan | None,
+    cfg: Config,
+    runs: dict[str, PdrunRun],
+    base: dict[str, Result],
+    failed: dict[str, str],
+    prefix: str,
+    suffix: str,
+) -> None:
+    """Each new schedule beside its torch counterpart and pdrun's 1f1b-flush: measured idle fraction and
+    samples/s against the simulator's for pdrun's program of that schedule, on the same split; then the
+    figures: each new schedule's measured idle fraction over 1f1b-flush's (the papers say smaller)."""
+    rows: list[dict[str, Any]] = []
+    idle: dict[str, float] = {}
+    sim_idle: dict[str, float] = {}
+    for schedule, label in BUBBLE_ROWS:
+        if label not in (*case.pdrun_runs, *case.baselines):
+            continue
+        run_plan = chunked if label in CHUNKED else plan
+        if run_plan is None:
+            split = "-"
+        elif run_plan.virtual_stages > 1:
+            split = (
+                f"{len(run_plan.stages)} chunks on {len(run_plan.stages) // run_plan.virtual_stages} ranks"
+            )
+        else:
+            split = f"{len(run_plan.stages)} stages"
+        sim = simulated(graph, run_plan, schedule, cfg.microbatches) if run_plan is not None else None
+        row: dict[str, Any] = {
+            "system": f"pdrun {label}" if label in PDRUN_RUNS else label,
+            "split": split,
+            "measured_idle_fraction": math.nan,
+            "samples_per_s": math.nan,
+            "simulated_idle_fraction": sim.bubble if sim else math.nan,
+            "simulated_samples_per_s": (
+                plan.batch_size / sim.time_per_minibatch_s
+                if sim and sim.time_per_minibatch_s > 0
+                else math.nan
+            ),
+            "command": failed.get(label, ""),
+        }
+        if label in runs:
+            row["measured_idle_fraction"] = 1.0 - _busy_fraction(runs[label].timing)
+            row["samples_per_s"] = runs[label].timing.steady_samples_per_s
+            row["command"] = runs[label].cmd
+        elif label in base:
+            row["measured_idle_fraction"] = 1.0 - _result_busy_fraction(base[label])
+            row["samples_per_s"] = base[label].steady_samples_per_s
+            row["command"] = report.command
+        if label in PDRUN_RUNS:
+            idle[label] = row["measured_idle_fraction"]
+            sim_idle[label] = row["simulated_idle_fraction"]
+        rows.append(row)
+    report.tables[f"bubble{suffix}"] = rows
+    flush = idle.get("1f1b-flush", math.nan)
+    for label in ("interleaved-1f1b", "zb-h1"):
+        if label not in case.pdrun_runs or "1f1b-flush" not in case.pdrun_runs:
+            continue
+        ratio = idle.get(label, math.nan) / flush if flush > 0 else math.nan
+        cmd = runs[label].cmd if label in runs else report.command
+        report.add(
+            judged(
+                f"{prefix}pdrun {label} idle fraction / pdrun 1f1b-flush idle fraction (measured)",
+                ratio,
+                "",
+                cmd,
+                at_most=SMALLER_BUBBLE,
+                note=failed.get(label) or failed.get("1f1b-flush") or "",
+            )
+        )
+        sim_flush = sim_idle.get("1f1b-flush", math.nan)
+        report.add(
+            Figure(
+                f"{prefix}simulated {label} idle fraction / simulated 1f1b-flush idle fraction",
+                sim_idle.get(label, math.nan) / sim_flush if sim_flush > 0 else math.nan,
+                "",
+                report.command,
+                note="the simulator's, on the same splits: what the schedule alone gives",
+            )
+        )
+
+
+def simulated(graph: LayerGraph, plan: Plan, schedule: str, microbatches: int) -> ScheduleFigures:
+    """The simulator's run of ``schedule`` on ``plan``'s split: pdrun's program, the profiled costs."""
+    ups = 1 if schedule == "1f1b" else microbatches
+    return simulate_plan(graph, plan.model_copy(update={"schedule": schedule, "microbatches": ups}))
 
 
 def _breakdown(runs: dict[str, PdrunRun], base: dict[str, Result]) -> list[dict[str, Any]]:
@@ -407,6 +618,12 @@ def _busy_fraction(t: PdrunTiming) -> float:
     return sum(r["compute_s"] for r in t.ranks) / (len(t.ranks) * t.seconds) if t.seconds > 0 else math.nan
 
 
+def _result_busy_fraction(r: Result) -> float:
+    """A baseline's busy fraction, measured as pdrun's: computing and optimizer time over ranks x wall."""
+    busy = sum(k.compute_s + k.optimizer_s for k in r.ranks)
+    return busy / (len(r.ranks) * r.seconds) if r.seconds > 0 and r.ranks else math.nan
+
+
 def ideal_busy_fraction(graph: LayerGraph, plan: Plan, schedule: str, microbatches: int) -> float:
     """The busy fraction a perfect runtime reaches with ``schedule``: the planner's simulation of the same
     program pdrun runs (``pdrun --schedule S --microbatches M``), in steady state. Per unit, each stage
@@ -416,7 +633,8 @@ def ideal_busy_fraction(graph: LayerGraph, plan: Plan, schedule: str, microbatch
     run_plan = plan.model_copy(update={"schedule": schedule, "microbatches": ups})
     costs, _ = stage_costs(graph, run_plan)
     per_unit = simulate_plan(graph, run_plan).time_per_minibatch_s
-    workers = sum(st.replicas for st in run_plan.stages)
+    # Interleaved: the stages are the chunks, V of them a worker.
+    workers = sum(st.replicas for st in run_plan.stages) // run_plan.virtual_stages
     if per_unit <= 0 or workers == 0:
         return math.nan
     busy = sum(
@@ -426,11 +644,9 @@ def ideal_busy_fraction(graph: LayerGraph, plan: Plan, schedule: str, microbatch
 
 
 def main(argv: list[str] | None = None) -> Report:
-    work, quick = work_args(__doc__, argv)
-    cfg = QUICK if quick else Config()
-    report = bench(work, cfg)
-    report.save(work / "bench_runtime.json")
-    return report
+    return main_of(
+        __doc__, argv, "bench_runtime", lambda work, quick: bench(work, QUICK if quick else Config())
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ def _save(fig: Any, path: Path) -> str:
 
 
 def throughput(rows: list[dict[str, Any]], path: Path) -> str:
-    """Samples/s of every system, pdrun's bars first."""
+    """Samples/s of every system, pdrun's bars first (a failed run, without a figure, has no bar)."""
+    rows = [r for r in rows if _value(r.get("samples_per_s")) > 0]
     fig, ax = plt.subplots(figsize=(7, 3.6))
     names = [r["system"] for r in rows]
     values = [r["samples_per_s"] for r in rows]

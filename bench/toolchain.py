@@ -88,8 +88,10 @@ def plan(
     timeout_s: float = 120,
     latency: float | None = None,
     blocking_sends: str | None = None,
+    extra: list[str] | None = None,
 ) -> Call:
-    """``pdplan`` -> ``out`` (a stage plan); ``blocking_sends``: auto (pdplan's default), yes or no."""
+    """``pdplan`` -> ``out`` (a stage plan); ``blocking_sends``: auto (pdplan's default), yes or no;
+    ``extra``: more pdplan options."""
     cmd = [tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:.4g}"]
     cmd += ["--schedule", schedule, "--microbatches", str(microbatches)]
     if latency is not None:
@@ -98,7 +100,7 @@ def plan(
         cmd.append("--straight")
     if blocking_sends is not None:
         cmd += ["--blocking-sends", blocking_sends]
-    return call([*cmd, "-o", str(out)], timeout_s)
+    return call([*cmd, *(extra or []), "-o", str(out)], timeout_s)
 
 
 def link(size: int = 1 << 20, timeout_s: float = 120) -> tuple[Call, float, float]:

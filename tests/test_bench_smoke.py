@@ -176,3 +176,50 @@ def test_time_to_accuracy_keeps_each_systems_best_rate_from_the_sweep() -> None:
     assert best([early, early_better, late], 0.9) is early_better
     assert best([curve(0.05, [0.95]), curve(0.02, [0.95])], 0.9).lr == 0.02
     assert early.epochs_to(0.9) == 1 and never.epochs_to(0.9) is None and late.time_to(0.9) == 3.0
+
+
+def test_bubble_table_simulates_each_schedule_on_its_own_split() -> None:
+    # bench_runtime's simulated column: pdrun's program of each schedule on the split it runs. On a
+    # uniform chain of 8 layers, 2 workers, M = 4, both papers' claims hold in the simulation: the
+    # interleaved plan (2 chunks a worker) and ZB-H1 idle less than 1F1B-flush on 2 stages; every
+    # ideal busy fraction is at most 1 (the interleaved plan counts its 2 workers, not its 4 chunks).
+    from bench.bench_planner import synthetic_chain
+    from bench.bench_runtime import ideal_busy_fraction, simulated
+    from pdplan.build import PlanConfig, make_plan
+    from pdplan.more_schedules import plan_for
+    from shared.graph import LayerGraph
+
+    chain = synthetic_chain(8, seed=3)
+    # Uniform costs and tiny activations: the papers' closed forms assume equal stages and free links.
+    uniform = {"forward_ms": 1.0, "backward_ms": 2.0, "activation_bytes": 4.0}
+    nodes = [n if n.op == "input" else n.model_copy(update=uniform) for n in chain.nodes]
+    graph = LayerGraph.model_validate({**chain.model_dump(), "nodes": [n.model_dump() for n in nodes]})
+    two = make_plan(graph, PlanConfig(workers=(2,), bandwidths=(1e12,), straight=True, schedule="1f1b-flush"))
+    chunked = plan_for(
+        graph,
+        PlanConfig(
+            workers=(2,), bandwidths=(1e12,), straight=True, schedule="interleaved-1f1b", microbatches=4
+        ),
+        2,
+    )
+    assert len(two.stages) == 2 and len(chunked.stages) == 4 and chunked.virtual_stages == 2
+    flush = simulated(graph, two, "1f1b-flush", 4)
+    inter = simulated(graph, chunked, "interleaved-1f1b", 4)
+    zb = simulated(graph, two, "zb-h1", 4)
+    assert 0 < inter.bubble < flush.bubble and 0 <= zb.bubble < flush.bubble
+    assert inter.time_per_minibatch_s < flush.time_per_minibatch_s
+    for plan, schedule in ((two, "1f1b-flush"), (two, "zb-h1"), (chunked, "interleaved-1f1b")):
+        busy = ideal_busy_fraction(graph, plan, schedule, 4)
+        assert 0 < busy <= 1 + 1e-9, (schedule, busy)
+
+
+def test_each_case_compares_the_pairs_it_runs() -> None:
+    # A case's pairs are PAIRS filtered by what it runs: the GPT case (no layout variants) gets the
+    # NCHW pairs, the second wave's included, and none of the channels-last ones.
+    from bench.bench_runtime import CNN, GPT, PAIRS
+
+    assert all(p in PAIRS for p in GPT.pairs)
+    assert ("interleaved-1f1b", "pipe-interleaved-1f1b", GPT.pairs[-2][2]) in GPT.pairs
+    assert not any("channels-last" in theirs for _, theirs, _ in GPT.pairs)
+    cnn = {(ours, theirs) for ours, theirs, _ in CNN.pairs}
+    assert ("zb-h1", "pipe-zb channels-last") in cnn and ("zb-h1", "pipe-zb") not in cnn
