@@ -1,16 +1,18 @@
-"""Time to accuracy on MNIST-5k: asynchronous 1F1B, 1F1B-flush and DDP, each at its own best learning rate.
+"""Time to accuracy on MNIST-5k: asynchronous 1F1B, 1F1B-flush, 2BW and DDP, each at its own best learning rate.
 
 zoo:mnist_cnn trains on zoo:mnist5k (4,000 training and 1,000 validation images) on two
 workers: pdrun's 1F1B (PipeDream: each 64-sample unit is an optimizer step, weight
-stashing) and 1F1B-flush (4 units of 64 per step) run the planner's 2-stage plan; DDP runs
+stashing), 1F1B-flush (4 units of 64 per step) and 2BW (PipeDream-2BW: 4 units of 64 per
+step, no flush, every update one step late) run the planner's 2-stage plan; DDP runs
 the whole model on both workers, 128 samples each per step. So the systems take optimizer
-steps of different sizes (64, 256 and 256 samples): compared at one learning rate, the one
+steps of different sizes (64, 256, 256 and 256 samples): compared at one learning rate, the one
 with four times the steps wins by the steps, not by the pipeline. Each system therefore runs
 at its own best learning rate from the same small sweep (``Config.lrs``, momentum fixed): the
 best rate is the one reaching the target in the fewest epochs (ties: the higher final accuracy;
 accuracy is a property of the arithmetic, so the choice does not depend on how loaded the host
-is). 1F1B-flush and DDP compute what one process computes whatever the split, so their sweep
-runs on the fast link and the slow link reruns the chosen rate; asynchronous 1F1B's arithmetic
+is). 1F1B-flush and DDP compute what one process computes whatever the split, and 2BW's one-step
+delay is the same at every stage (``W(t+1) = W(t) - lr grad f(W(t-1))``, Narayanan et al.,
+ICML'21), so their sweep runs on the fast link and the slow link reruns the chosen rate; asynchronous 1F1B's arithmetic
 depends on the split (which layers run a step stale), and the planner may cut the two links'
 plans differently, so it sweeps on each link.
 All use the same seed and data order. Validation accuracy is measured after every epoch;
@@ -20,6 +22,9 @@ is the training time at the end of the first epoch whose validation accuracy rea
 
 The slow link is emulated the same way for all (see ``bench.slow_link``): before sending
 ``b`` bytes to another worker, a worker sleeps ``b / bandwidth``.
+
+A system whose run fails is reported as failed (its row, and NaN in its figures); the others are
+still written.
 
 Run alone: ``python -m bench.bench_accuracy [--quick]``.
 """
@@ -40,7 +45,8 @@ from bench.measure import Figure, Report, work_args
 from shared.plan import load_plan
 from shared.resolve import resolve_dataset
 
-SYSTEMS = ("pdrun 1f1b", "pdrun 1f1b-flush", "ddp")
+SYSTEMS = ("pdrun 1f1b", "pdrun 1f1b-flush", "pdrun 2bw", "ddp")
+PIPELINES = tuple(s for s in SYSTEMS if s.startswith("pdrun "))
 
 
 @dataclass(frozen=True)
@@ -151,26 +157,36 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
         cmds.append(toolchain.plan(graph, plans[link], 2, bandwidth, "1f1b", 1, straight=True).cmd)
     sweep: list[Curve] = []
     curves: list[Curve] = []
+    failed: dict[tuple[str, str], str] = {}  # (system, link) -> why
     links = {"fast": None, "slow": cfg.slow_bandwidth}
     for system in SYSTEMS:
         # Asynchronous 1F1B's arithmetic depends on the split (which layers run stale), and the two links'
         # plans may cut in different places: it sweeps on each. 1F1B-flush and DDP compute what one
-        # process computes, whatever the split: their sweep on the fast link holds for the slow one.
+        # process computes, and 2BW delays every stage alike, whatever the split: their sweep on the fast
+        # link holds for the slow one.
         swept = ("fast", "slow") if system == "pdrun 1f1b" else ("fast",)
-        for link in swept:
-            tried = [run_curve(system, plans[link], cfg, work, link, links[link], lr) for lr in cfg.lrs]
-            sweep += tried
-            curves.append(best(tried, cfg.target))
-        if "slow" not in swept:
-            rate = curves[-1].lr
-            curves.append(run_curve(system, plans["slow"], cfg, work, "slow", cfg.slow_bandwidth, rate))
+        try:
+            for link in swept:
+                tried = [run_curve(system, plans[link], cfg, work, link, links[link], lr) for lr in cfg.lrs]
+                sweep += tried
+                curves.append(best(tried, cfg.target))
+            if "slow" not in swept:
+                rate = curves[-1].lr
+                curves.append(run_curve(system, plans["slow"], cfg, work, "slow", cfg.slow_bandwidth, rate))
+        except Exception as exc:  # reported as failed; the other systems still run
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            why = f"failed: {type(exc).__name__}: {lines[0] if lines else ''}"
+            for link in ("fast", "slow"):
+                if not any(c.system == system and c.link == link for c in curves):
+                    failed[(system, link)] = why
     report.notes.append(
         f"{cfg.model} on {cfg.data}, {cfg.epochs} epochs, target validation accuracy {cfg.target:.0%}, SGD "
         f"momentum {cfg.momentum}. The systems step at different sizes (asynchronous 1F1B every "
-        f"{cfg.batch_size} samples, 1F1B-flush and DDP every {cfg.batch_size * cfg.microbatches}), so each "
+        f"{cfg.batch_size} samples, 1F1B-flush, 2BW and DDP every {cfg.batch_size * cfg.microbatches}), so each "
         f"runs at its own best learning rate from the same sweep ({', '.join(f'{lr:g}' for lr in cfg.lrs)}; "
         f"best: fewest epochs to the target, then the higher final accuracy). 1F1B-flush and DDP train what "
-        f"one process trains whatever the split: they sweep on the fast link and the slow link reruns their "
+        f"one process trains whatever the split, and 2BW's one-step delay is the same at every stage: they "
+        f"sweep on the fast link and the slow link reruns their "
         f"rate; asynchronous 1F1B depends on the split, which the two links' plans may place differently: "
         f"it sweeps on each. The sweep's table shows every run. Slow link: {cfg.slow_bandwidth:g} "
         f"bytes/s emulated by a sleep of bytes/bandwidth before every send (pipelines) or every all-reduce "
@@ -191,20 +207,45 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
                 "command": c.command,
             }
         )
+    rows += [{"system": system, "link": link, "command": why} for (system, link), why in failed.items()]
     report.tables["time_to_accuracy"] = rows
     by = {(c.system, c.link): c for c in curves}
+
+    def time_to(system: str, link: str) -> float:
+        c = by.get((system, link))
+        return c.time_to(cfg.target) if c is not None else math.nan
+
+    def ratio_figure(name: str, theirs: str, ours: str, link: str, note: str) -> None:
+        a, b = time_to(theirs, link), time_to(ours, link)
+        missing = failed.get((ours, link)) or failed.get((theirs, link))
+        command = by[(ours, link)].command if (ours, link) in by else report.command
+        report.add(
+            Figure(
+                name,
+                a / b if b > 0 else math.nan,
+                "x",
+                f"{command}  vs  {report.command}",
+                note=missing or note,
+            )
+        )
+
+    at = f"{cfg.target:.0%}"
     for link in ("fast", "slow"):
-        ddp = by[("ddp", link)].time_to(cfg.target)
+        for system in PIPELINES:
+            ratio_figure(
+                f"DDP time to {at} / {system} time to {at} ({link} link, each at its best lr)",
+                "ddp",
+                system,
+                link,
+                "> 1: pdrun reaches the target sooner; NaN: one of them never reached it",
+            )
         for system in ("pdrun 1f1b", "pdrun 1f1b-flush"):
-            ours = by[(system, link)].time_to(cfg.target)
-            report.add(
-                Figure(
-                    f"DDP time to {cfg.target:.0%} / {system} time to {cfg.target:.0%} ({link} link, each at its best lr)",
-                    ddp / ours if ours > 0 else math.nan,
-                    "x",
-                    f"{by[(system, link)].command}  vs  {report.command}",
-                    note="> 1: pdrun reaches the target sooner; NaN: one of them never reached it",
-                )
+            ratio_figure(
+                f"{system} time to {at} / pdrun 2bw time to {at} ({link} link, each at its best lr)",
+                system,
+                "pdrun 2bw",
+                link,
+                "> 1: 2BW reaches the target sooner; NaN: one of them never reached it",
             )
     report.tables["learning_rate_sweep"] = [
         {
