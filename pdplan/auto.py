@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from pdplan.antichain import cut_bytes
 from pdplan.build import Partition, PlanConfig, assemble, dp_partition, memory_text, over_memory, with_memory
-from pdplan.costs import span_bandwidth
+from pdplan.costs import allreduce_s, span_bandwidth
 from pdplan.memory import held_units
 from pdplan.problem import Problem, prepare_layers
 from pdplan.schedule_sim import simulate_plan, stage_costs
@@ -419,7 +419,7 @@ def balanced_split(problem: Problem, config: PlanConfig, k: int) -> Partition:
 
     def stage(i: int, j: int) -> float:
         c, p = comp[j] - comp[i], par[j] - par[i]
-        t = (c + 4 * (r - 1) * p / (inner * r)) / r
+        t = (c + allreduce_s(p, r, inner)) / r
         return max(t, 2 * cut[i] / (bw * r), 2 * cut[j] / (bw * r) if j < n else 0.0)
 
     # best[s][j]: the min-max cost of the first j nodes in s stages; back[s][j] its last cut.

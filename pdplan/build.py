@@ -21,7 +21,7 @@ from pdplan.antichain import (
 )
 from pdplan.antichain import _space as pairless_space
 from pdplan.chain import chain_work
-from pdplan.costs import StageCost, cut_sizes, data_parallel_time, stage_costs
+from pdplan.costs import StageCost, allreduce_s, cut_sizes, data_parallel_time, stage_costs
 from pdplan.hierarchy import plan_levels
 from pdplan.memory import OPTIMIZER_STATE, held_units, stage_memory
 from pdplan.partition import LevelSpec
@@ -259,7 +259,7 @@ def assemble(
     dp_time = data_parallel_time(total_c, total_p, levels)
     workers = math.prod(config.workers)
     comm_bytes = sum(2.0 * o for o in cut_sizes(problem, stage_nodes)) + sum(
-        4.0 * (len(rk) - 1) * c.parameter_bytes / len(rk) for rk, c in zip(stage_ranks, costs, strict=True)
+        allreduce_s(c.parameter_bytes, len(rk), 1.0) for rk, c in zip(stage_ranks, costs, strict=True)
     )
     bottleneck = max(range(len(costs)), key=lambda i: costs[i].bound_s)
     t = part.time_s if part.time_s is not None else costs[bottleneck].bound_s
@@ -270,11 +270,7 @@ def assemble(
         bottleneck_stage=bottleneck,
         data_parallel_time_per_minibatch_s=dp_time,
         data_parallel_throughput_samples_per_s=graph.batch_size / dp_time if dp_time > 0 else None,
-        data_parallel_communication_bytes_per_sample=4.0
-        * (workers - 1)
-        * total_p
-        / workers
-        / graph.batch_size,
+        data_parallel_communication_bytes_per_sample=allreduce_s(total_p, workers, 1.0) / graph.batch_size,
         speedup_over_data_parallel=dp_time / t if t > 0 else None,
         states=part.states,
         search=part.search,

@@ -44,6 +44,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pdplan.antichain import FloatArray, IntArray, StateSpace
+from pdplan.costs import allreduce_s
 from pdplan.partition import INF, LevelSpec, Step
 from shared.malloc import steady_malloc
 
@@ -130,7 +131,7 @@ def stage_time(
     """``(values + 4 (r-1) (P_b - P_c) / (B r)) / r`` for ranges (c..b], inf where memory refuses it."""
     spec = level.spec
     dp = pre.params[b] - pre.params[c]
-    out = (values + 4 * (r - 1) * dp / (spec.bandwidth * r)) / r
+    out = (values + allreduce_s(dp, r, spec.bandwidth)) / r
     if spec.memory is not None:
         dy = dp + pre.acts[b] - pre.acts[c]
         out = np.where(fac * dy > spec.memory, INF, out)
@@ -147,7 +148,7 @@ def single_time(pre: Prefix, level: Level, rows: IntArray, m: int) -> FloatArray
     contiguous = len(rows) and rows[-1] - rows[0] == len(rows) - 1
     where = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
     dp = pre.params[None, :] - pre.params[a]
-    allreduce = 4 * (m - 1) * dp / (spec.bandwidth * m) / spec.within
+    allreduce = allreduce_s(dp, m, spec.bandwidth) / spec.within
     out = (level.cost[where] + allreduce) / m  # cost is inf unless a < b
     if spec.memory is not None:
         dy = (pre.params + pre.acts)[None, :] - (pre.params[a] + pre.acts[a])
@@ -190,7 +191,7 @@ class _Hulls:
         assert self.dp is not None
         e = self.by_r.get(r)
         if e is None:
-            e = (self.level.hull + 4 * (r - 1) * self.dp / (spec.bandwidth * r)) / r
+            e = (self.level.hull + allreduce_s(self.dp, r, spec.bandwidth)) / r
             self.by_r[r] = e
         if spec.memory is None:
             return e

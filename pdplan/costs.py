@@ -1,6 +1,8 @@
-"""PipeDream's cost model applied to a given sequence of stages (a plan, or one the DP found).
+"""PipeDream's cost model: its all-reduce term, and its figures for a given sequence of stages.
 
-The same figures the DP minimises, stage by stage, so that a plan's stated prediction can
+``allreduce_s`` is the one place the paper's data-parallel communication term is written;
+the DP (``partition``, ``chain``, ``threshold``), the schedule simulation and ``auto``'s
+balanced split all call it. The per-stage figures below are the same figures the DP minimises, stage by stage, so that a plan's stated prediction can
 be checked against its stages and a hand-edited plan can be re-costed:
 
 - stage compute ``c`` (forward + backward, one replica), parameters ``p``, activations ``a``;
@@ -22,10 +24,34 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
-from pdplan.antichain import cut_bytes
+from pdplan.antichain import FloatArray, cut_bytes
 from pdplan.problem import Problem
 from shared.plan import Level
+
+
+@overload
+def allreduce_s(parameter_bytes: float, replicas: int, bandwidth: float) -> float: ...
+@overload
+def allreduce_s(parameter_bytes: FloatArray, replicas: int | FloatArray, bandwidth: float) -> FloatArray: ...
+@overload
+def allreduce_s(parameter_bytes: float, replicas: FloatArray, bandwidth: float) -> FloatArray: ...
+
+
+def allreduce_s(
+    parameter_bytes: float | FloatArray, replicas: int | FloatArray, bandwidth: float
+) -> float | FloatArray:
+    """Seconds to all-reduce ``p`` bytes of gradients among ``r`` replicas: ``4 (r-1) p / (B r)``.
+
+    PipeDream's weight-synchronisation time (Narayanan et al., SOSP 2019, section 3.1: with an
+    all-reduce among ``m`` replicas each one sends and receives ``(m-1)/m`` of the weights),
+    with the constant its optimizer (``optimizer_graph_hierarchical.py``) uses:
+    ``4 (m-1) |w| / (B m)``. It is 0 for one replica and works element-wise on arrays. Every
+    caller's expression had this order of operations, so the DP's tables stay the same to the
+    bit. At ``bandwidth=1.0`` it is the bytes the term charges (``communication_bytes_per_sample``).
+    """
+    return 4 * (replicas - 1) * parameter_bytes / (bandwidth * replicas)
 
 
 @dataclass(frozen=True)
@@ -82,7 +108,7 @@ def stage_costs(
         p = sum(problem.parameter_bytes[v] for v in nodes)
         a = sum(problem.activation_bytes[v] for v in nodes)
         bw = span_bandwidth(levels, ranks[i])
-        allreduce = 4 * (r - 1) * p / (bw * r)
+        allreduce = allreduce_s(p, r, bw)
         comm = 0.0
         if i > 0 and transfers:
             link_in = span_bandwidth(levels, [*ranks[i - 1], *ranks[i]])
@@ -110,7 +136,7 @@ def data_parallel_time(compute_s: float, parameter_bytes: float, levels: Sequenc
     within = 1
     for level in levels:
         n = level.workers
-        t = (t + 4 * (n - 1) * parameter_bytes / (level.bandwidth * n) / within) / n
+        t = (t + allreduce_s(parameter_bytes, n, level.bandwidth) / within) / n
         within = n
     return t
 

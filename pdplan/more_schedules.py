@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 
 from pdplan.build import PlanConfig, make_plan
-from pdplan.costs import data_parallel_time
+from pdplan.costs import allreduce_s, data_parallel_time
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Plan
@@ -92,7 +92,7 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             "bottleneck_stage": max(range(n), key=lambda w: per_worker[w]),
             "data_parallel_time_per_minibatch_s": dp,
             "data_parallel_throughput_samples_per_s": graph.batch_size / dp if dp > 0 else None,
-            "data_parallel_communication_bytes_per_sample": 4.0 * (n - 1) * params / n / graph.batch_size,
+            "data_parallel_communication_bytes_per_sample": allreduce_s(params, n, 1.0) / graph.batch_size,
             "speedup_over_data_parallel": dp / t if t > 0 else None,
         }
     )

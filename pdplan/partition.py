@@ -11,7 +11,8 @@ The recurrence, from "PipeDream: Generalized Pipeline Parallelism for DNN Traini
                             2 O[k] / (B r),
                             2 O[j] / (B r)  if j is not the last state ) )
 
-    a stage with compute c, parameters p and r replicas takes (c + 4 (r-1) p / (B r)) / r;
+    a stage with compute c, parameters p and r replicas takes (c + 4 (r-1) p / (B r)) / r
+    (the all-reduce term is ``costs.allreduce_s``);
     in the single-stage term at an outer level the all-reduce is further divided by the
     number of workers inside one unit of that level.
 
@@ -33,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pdplan.antichain import FloatArray, IntArray, StateSpace
+from pdplan.costs import allreduce_s
 
 INF = float("inf")
 
@@ -118,7 +120,7 @@ def solve(space: StateSpace, level: LevelSpec, costs: RangeCosts) -> FloatArray:
     for m in range(1, n_workers + 1):
         col = table[:, m]
         if not level.straight or m == 1:
-            allreduce = 4 * (m - 1) * single_p / (bw * m) / level.within
+            allreduce = allreduce_s(single_p, m, bw) / level.within
             single = (costs.single + allreduce) / m
             if level.memory is not None:
                 single = np.where(_memory_factor(n_workers, m, m) * single_y > level.memory, INF, single)
@@ -127,7 +129,7 @@ def solve(space: StateSpace, level: LevelSpec, costs: RangeCosts) -> FloatArray:
             continue
         for r in range(1, (2 if level.straight else m)):
             prev = table[:, m - r]
-            stage = (costs.pair + 4 * (r - 1) * dp / (bw * r)) / r
+            stage = (costs.pair + allreduce_s(dp, r, bw)) / r
             vals = np.maximum(prev[pk], stage)
             np.maximum(vals, 2.0 * np.maximum(o_in, o_out) / (bw * r), out=vals)
             if level.memory is not None:
@@ -161,7 +163,7 @@ def backtrack(
         if not np.isfinite(target):
             raise AssertionError(f"backtrack from an infeasible entry T[{j}, {m}]")
         tol = abs(target) * 1e-12
-        allreduce = 4 * (m - 1) * (space.parameter_bytes[j] - p_base) / (bw * m) / level.within
+        allreduce = allreduce_s(space.parameter_bytes[j] - p_base, m, bw) / level.within
         single = (costs.single[j] + allreduce) / m
         if (
             (not level.straight or m == 1)
@@ -185,7 +187,7 @@ def backtrack(
                 o_out = space.output_bytes[j] if j != space.last else 0.0
                 val = max(
                     table[k, m - r],
-                    (costs.pair[i] + 4 * (r - 1) * dp / (bw * r)) / r,
+                    (costs.pair[i] + allreduce_s(dp, r, bw)) / r,
                     2.0 * max(space.output_bytes[k], o_out) / (bw * r),
                 )
                 if abs(val - target) <= tol:

@@ -18,7 +18,8 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
   (what cutting a step in two cost in pdprof's measurement, ``pdprof.cut``);
 - step: the sum of its layers' ``update_ms`` plus ``graph.update_overhead_ms`` (the first step
   after a backward costs more), when the stage has parameters;
-- all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` at the bandwidth its ranks span;
+- all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` (``costs.allreduce_s``) at the
+  bandwidth its ranks span;
 - a message between stages a and b: the bytes of the values a sends b (each value once, as
   pdrun sends a skip connection straight to its consumer) over the bandwidth the two stages'
   ranks span, plus that level's ``latency_s`` (``pdplan --latency``), in both directions
@@ -38,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pdplan.costs import span_bandwidth
+from pdplan.costs import allreduce_s, span_bandwidth
 from shared.graph import LayerGraph
 from shared.plan import Level, Plan
 from shared.schedule import build_program
@@ -115,7 +116,7 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
     for stage in plan.stages:
         r = stage.replicas
         p = sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes)
-        allreduce.append(4 * (r - 1) * p / (span_bandwidth(levels, stage.ranks) * r) if r > 1 else 0.0)
+        allreduce.append(allreduce_s(p, r, span_bandwidth(levels, stage.ranks)) if r > 1 else 0.0)
     costs = Costs(
         forward=forward,
         backward=backward,

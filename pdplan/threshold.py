@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pdplan.antichain import FloatArray, StateSpace
+from pdplan.costs import allreduce_s
 from pdplan.partition import LevelSpec, Step
 
 _REL = 1e-9
@@ -80,7 +81,7 @@ class ThresholdSolver:
         n, bw = level.workers, level.bandwidth
         r = np.arange(1, n + 1, dtype=np.float64)
         # X[:, r - 1] = C + 4 (r-1) P / (B r)
-        self.x = space.compute_s[:, None] + 4 * (r - 1) * space.parameter_bytes[:, None] / (bw * r)
+        self.x = space.compute_s[:, None] + allreduce_s(space.parameter_bytes[:, None], r, bw)
         self.o = 2.0 * space.output_bytes[:, None] / (bw * r)  # 2 O / (B r)
         self.single = self.x / r  # (C + 4 (m-1) P / (B m)) / m
         self.is_last = np.zeros(space.size, dtype=bool)
@@ -165,7 +166,7 @@ class ThresholdSolver:
             k, j = st.start, st.end
             dc = space.compute_s[j] - space.compute_s[k]
             dp = space.parameter_bytes[j] - space.parameter_bytes[k]
-            stage = (dc + 4 * (r - 1) * dp / (bw * r)) / r
+            stage = (dc + allreduce_s(dp, r, bw)) / r
             terms = [stage, 2.0 * space.output_bytes[k] / (bw * r)]
             if j != space.last:
                 terms.append(2.0 * space.output_bytes[j] / (bw * r))
