@@ -41,6 +41,7 @@ from pdplan.statecount import count_states
 from pdprof.pipedream_import import parse_pipedream
 from shared.cli import console
 from shared.graph import Edge, LayerGraph, Node
+from shared.malloc import steady_malloc
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -187,6 +188,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="plan each case this many times, keep the best")
     parser.add_argument("--auto", action="store_true", help="--schedule auto against the paper-cost plan")
     args = parser.parse_args()
+    steady_malloc()  # as pdplan's command does at its entry: the figures are the command's
     if args.auto:
         rows = [
             run_auto(name, w, b)

@@ -46,7 +46,6 @@ from numpy.typing import NDArray
 from pdplan.antichain import FloatArray, IntArray, StateSpace
 from pdplan.costs import allreduce_s
 from pdplan.partition import INF, LevelSpec, Step
-from shared.malloc import steady_malloc
 
 BoolArray = NDArray[np.bool_]
 
@@ -457,11 +456,13 @@ class ChainPlan:
 
 
 def plan_chain(space: StateSpace, specs: list[LevelSpec]) -> ChainPlan | None:
-    """Solve ``specs`` (innermost first) over the chain ``space``; None when nothing fits."""
-    # Thousands of multi-megabyte temporaries: with glibc's default thresholds each is mapped
-    # afresh and its pages faulted in (a third of the time on the 2,000-layer chain). Fixed
-    # thresholds reuse them (process-wide, as pdprof does for its timings).
-    steady_malloc()
+    """Solve ``specs`` (innermost first) over the chain ``space``; None when nothing fits.
+
+    Thousands of multi-megabyte temporaries: under glibc's default malloc thresholds each is
+    mapped afresh and its pages faulted in (a third of the time on the 2,000-layer chain).
+    Fixing them is a process-wide choice, so it is the caller's (``pdplan``'s command calls
+    ``shared.malloc.steady_malloc`` at its entry); this function leaves the allocator alone.
+    """
     pre = Prefix.of(space)
     n, n1 = pre.n, pre.n + 1
     cost = np.full((n1, n1), INF)

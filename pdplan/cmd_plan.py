@@ -11,6 +11,7 @@ from shared.cli import say
 from shared.graph import load_graph
 from shared.host import send_thread_pays
 from shared.io import display_name, write_output
+from shared.malloc import steady_malloc
 from shared.plan import SCHEDULES, plan_json
 
 
@@ -143,6 +144,10 @@ def plan(
       pdplan graph.json --workers 4 --bandwidth 1e10 --schedule interleaved-1f1b --virtual-stages 2
       pdprof import-pipedream vgg16.txt | pdplan --workers 16 --bandwidth 1e9 | pdplan show -
     """
+    # The chain solver's thousands of multi-megabyte numpy temporaries are mapped afresh and
+    # faulted in under glibc's default thresholds (a third of the time on a 2,000-layer chain);
+    # fixing them is a choice for the whole process, so it is made here, not in the library.
+    steady_malloc()
     g = load_graph(graph)
     workers_per_level = tuple(int(w) for w in _numbers(workers, "--workers", int))
     if blocking_sends == "auto":

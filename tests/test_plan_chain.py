@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +22,7 @@ from pdplan.chain import Level, Prefix, is_chain, level_tables, plan_chain
 from pdplan.hierarchy import plan_levels, range_tables
 from pdplan.partition import LevelSpec
 from pdplan.problem import prepare
-from shared.graph import Edge, LayerGraph, Node
+from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import check_against_graph
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -188,3 +193,86 @@ def test_bisected_tail_equals_walking_it() -> None:
             patch.setattr(chain, "_WALK", 0)
             chain._tail(hulls, u, bisected, length, 0, 1, 0)  # type: ignore[arg-type]
         assert np.array_equal(walked, bisected)
+
+
+# In a fresh interpreter: plan a chain with the chain solver (the library call, or pdplan's
+# command), then ask glibc how it serves a 30 MiB block. Its default mmap threshold starts at
+# 128 KiB and only follows freed mapped blocks (none near 30 MiB here), so the block is mapped
+# (mallinfo2's hblks grows); shared.malloc.steady_malloc pins the threshold at 32 MiB, and then
+# the block comes from the heap.
+_ALLOCATOR_PROBE = """
+import ctypes, ctypes.util, json, sys
+from shared import malloc
+
+if sys.argv[1] == "library":
+    from bench.bench_planner import synthetic_chain
+    from pdplan.antichain import _space, prefix_downsets
+    from pdplan.build import PlanConfig, level_specs
+    from pdplan.chain import plan_chain
+    from pdplan.problem import prepare
+
+    problem = prepare(synthetic_chain(120, seed=5).to_networkx())
+    pairless = _space(problem, *prefix_downsets(problem), "antichain", with_pairs=False)
+    config = PlanConfig(workers=(2, 2, 2), bandwidths=(1e11, 1e10, 1e9))
+    assert plan_chain(pairless, level_specs(config, config.levels())) is not None
+else:
+    from pdplan.cli import main
+
+    sys.argv = ["pdplan", *sys.argv[2:]]
+    try:
+        main()
+    except SystemExit as done:
+        assert done.code in (0, None), done.code
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+    )]
+
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+before = libc.mallinfo2().hblks
+block = libc.malloc(30 << 20)
+mapped = libc.mallinfo2().hblks > before
+libc.free(block)
+print(json.dumps({"steady_flag": malloc.malloc_is_steady(), "mapped": mapped}))
+"""
+
+
+def _allocator_after(*argv: str) -> dict[str, bool]:
+    done = subprocess.run(
+        [sys.executable, "-c", _ALLOCATOR_PROBE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    state: dict[str, bool] = json.loads(done.stdout.splitlines()[-1])
+    return state
+
+
+def test_the_chain_solver_leaves_mallocs_settings_alone_and_pdplans_command_sets_them(tmp_path: Path) -> None:
+    # A library call must not change process-wide allocator settings (plan_chain once called
+    # steady_malloc itself); pdplan's command, the edge, still fixes them for the solver's speed.
+    assert _allocator_after("library") == {"steady_flag": False, "mapped": True}
+    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+    save_graph(synthetic_chain(40, seed=5), graph)
+    cli = [
+        "cli",
+        str(graph),
+        "--workers",
+        "2,2",
+        "--bandwidth",
+        "1e10,1e9",
+        "--schedule",
+        "1f1b",
+        "-o",
+        str(plan),
+    ]
+    assert _allocator_after(*cli) == {"steady_flag": True, "mapped": False}
+    assert plan.exists()
