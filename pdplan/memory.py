@@ -1,9 +1,12 @@
 """The memory model: what one worker of each stage holds at its peak, by part.
 
-Per worker of stage s, with ``P`` the bytes of its layers' parameters and ``A`` the bytes
-its layers save for backward per unit (the graph's measured ``saved_bytes``; a graph
-that measured none, such as an imported PipeDream profile, counts each layer's output
-``activation_bytes`` instead, as the paper's optimizer does):
+Per worker of stage s, with ``P`` the bytes of its layers' parameters and ``A`` what it
+holds per unit until that unit's backward: the bytes its layers' tensors take that some
+layer saves for backward (the graph's measured ``saved_bytes``, each tensor once, charged
+to the layer that made it; a graph that measured none, such as an imported PipeDream
+profile, counts each layer's output ``activation_bytes`` instead, as the paper's optimizer
+does), plus the values it receives from earlier stages (each once: the worker keeps them
+for their gradients, and the copy the sender saved is the sender's):
 
     weights     = versions x P   (the live weights and every stashed version)
     gradients   = P
@@ -37,16 +40,32 @@ OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}
 
 
 def saved_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
-    """Bytes ``layers`` save for backward per unit (their outputs when the graph measured none)."""
+    """Bytes ``layers`` save for backward per unit (their outputs when the graph measured none).
+
+    Measured saved bytes are charged to the layer that made each tensor, each tensor once
+    (``pdprof.sizes``), so a model input saved by the first layer counts at its input node.
+    """
     measured = any(n.saved_bytes > 0 for n in graph.nodes)
     nodes = {n.id: n for n in graph.nodes}
     return float(
         sum(
             (nodes[layer].saved_bytes if measured else nodes[layer].activation_bytes)
             for layer in layers
-            if layer in nodes and nodes[layer].op != "input"
+            if layer in nodes and (measured or nodes[layer].op != "input")
         )
     )
+
+
+def received_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
+    """Bytes of the values ``layers`` take from outside them per unit, each value once.
+
+    pdrun's worker keeps every unit's received values until that unit's backward (it reads
+    their gradients to send back, ``pdrun.worker``): a stage's own copy, beside the sender's.
+    """
+    inside = set(layers)
+    nodes = {n.id: n for n in graph.nodes}
+    sources = {e.source for e in graph.edges if e.target in inside and e.source not in inside}
+    return float(sum(nodes[v].activation_bytes for v in sources if v in nodes))
 
 
 def held_units(plan: Plan) -> list[int]:
@@ -102,7 +121,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
             versions = max(held[0], held[s])
         else:
             versions = max(1, held[s])
-        a = saved_per_unit(graph, stage.layers)
+        a = saved_per_unit(graph, stage.layers) + received_per_unit(graph, stage.layers)
         out.append(
             StageMemory(
                 weight_bytes=versions * p,

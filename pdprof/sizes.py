@@ -3,18 +3,25 @@
 An ``fx.Interpreter`` runs the traced graph once (outside any timing, since the hooks it
 installs cost time) and looks at each node's result. Saved bytes come from autograd's
 ``saved_tensors_hooks``: every tensor an op stashes for backward passes through the pack
-hook while the layer runs; parameters are left out (they are the layer's parameter bytes)
-and a tensor saved twice is counted once.
+hook while the layer runs. They are counted by storage, once over the whole model, and
+charged to the layer that made the storage, not to the layers that save it:
+
+- a ReLU saves its output and the max-pool after it saves the same tensor as its input:
+  one storage, charged once, to the ReLU (the planner's memory model adds a stage's
+  received inputs itself, ``pdplan.memory``, since a later stage holds its own copy);
+- a view of a parameter (``Linear`` saves ``weight.t()``) is a parameter's storage, left
+  out: parameters are the layer's parameter bytes;
+- a model input saved by the first layer is charged to the input node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 from torch.utils._pytree import tree_leaves
 
 
@@ -53,25 +60,44 @@ class _SizeInterpreter(fx.Interpreter):
     def __init__(self, module: fx.GraphModule) -> None:
         super().__init__(module, garbage_collect_values=True)
         self.sizes: dict[str, LayerSize] = {}
+        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        # Storage -> (the node that made it, the storage): held, so no address is reused while
+        # the graph runs and two storages are never taken for one.
+        self.maker: dict[int, tuple[str, Any]] = {}
+        self.saved: dict[int, int] = {}  # saved storage -> its bytes
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "output":
             return super().run_node(n)
-        seen: dict[tuple[int, int], int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            if not isinstance(t, nn.Parameter):
-                seen[(t.data_ptr(), tensor_bytes(t))] = tensor_bytes(t)
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in self.params and storage.nbytes() > 0:
+                self.maker.setdefault(ptr, (n.name, storage))  # made inside this layer
+                self.saved[ptr] = storage.nbytes()
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             result = super().run_node(n)
-        self.sizes[n.name] = size_of(result, sum(seen.values()))
+        for t in tree_leaves(result):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                self.maker.setdefault(storage.data_ptr(), (n.name, storage))
+        self.sizes[n.name] = size_of(result)
         return result
+
+    def charged(self) -> dict[str, LayerSize]:
+        """Each layer's sizes with the saved storages it made."""
+        by_maker: dict[str, int] = {}
+        for ptr, nbytes in self.saved.items():
+            name = self.maker[ptr][0]
+            by_maker[name] = by_maker.get(name, 0) + nbytes
+        return {name: replace(size, saved_bytes=by_maker.get(name, 0)) for name, size in self.sizes.items()}
 
 
 def measure_sizes(module: fx.GraphModule, inputs: Sequence[Any]) -> tuple[dict[str, LayerSize], Any]:
     """Run the traced graph once; returns each layer's sizes and the model's output."""
     interp = _SizeInterpreter(module)
     output = interp.run(*inputs)
-    return interp.sizes, output
+    return interp.charged(), output

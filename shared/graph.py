@@ -43,7 +43,12 @@ class Node(Strict):
         default=None, description="bytes of each output when the layer returns several tensors"
     )
     parameter_bytes: float = Field(ge=0, allow_inf_nan=False)
-    saved_bytes: float = Field(default=0, ge=0, allow_inf_nan=False, description="memory held for backward")
+    saved_bytes: float = Field(
+        default=0,
+        ge=0,
+        allow_inf_nan=False,
+        description="bytes of its tensors held for a backward (each once, charged to their maker)",
+    )
     output_shape: Any = Field(default=None, description="shape(s) of the output, nested lists")
     members: list[str] | None = Field(default=None, description="traced nodes a grouped layer stands for")
 

@@ -20,7 +20,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
 
 
 def _graph(saved: bool = True) -> LayerGraph:
-    """input -> a -> b -> c: parameters 100, 200, 300 bytes; saved 10, 20, 30 (outputs 1000, 2000, 3000)."""
+    """input -> a -> b -> c: parameters 100, 200, 300 bytes; saved 10, 20, 30 (outputs 5, 10, 15)."""
     nodes = [Node(id="x", op="input", forward_ms=0, backward_ms=0, activation_bytes=0, parameter_bytes=0)]
     for i, name in enumerate("abc", start=1):
         nodes.append(
@@ -28,7 +28,7 @@ def _graph(saved: bool = True) -> LayerGraph:
                 id=name,
                 forward_ms=1.0,
                 backward_ms=2.0,
-                activation_bytes=1000.0 * i,
+                activation_bytes=5.0 * i,
                 parameter_bytes=100.0 * i,
                 saved_bytes=10.0 * i if saved else 0.0,
             )
@@ -74,8 +74,9 @@ def test_1f1b_stashes_one_version_per_unit_in_flight() -> None:
     # In flight: 3, 2, 1 (PipeDream's warm-up on a straight pipeline of 3); versions the same.
     assert [m.units_held for m in memory] == [3, 2, 1]  # type: ignore[union-attr]
     assert [m.weight_versions for m in memory] == [3, 2, 1]  # type: ignore[union-attr]
-    # weights x versions + gradients + saved x held (plain SGD keeps no state).
-    assert _totals(plan) == [3 * 100 + 100 + 3 * 10, 2 * 200 + 200 + 2 * 20, 300 + 300 + 30]
+    # weights x versions + gradients + (saved + received) x held (plain SGD keeps no state); stage
+    # b receives a's 5-byte output, stage c b's 10 bytes.
+    assert _totals(plan) == [3 * 100 + 100 + 3 * 10, 2 * 200 + 200 + 2 * (20 + 5), 300 + 300 + 30 + 10]
     assert all(s.predicted.memory_bytes == s.predicted.memory.total_bytes for s in plan.stages)  # type: ignore[union-attr]
 
 
@@ -89,9 +90,9 @@ def test_optimizer_state_per_optimizer() -> None:
 def test_flush_schedules_keep_one_version_and_hold_their_units() -> None:
     g = _graph()
     # 1F1B-flush with M=4 holds min(M, S - s) units; GPipe all M; one weight version each.
-    assert _totals(_plan(g, "1f1b-flush", 4)) == [100 + 100 + 3 * 10, 200 + 200 + 2 * 20, 300 + 300 + 30]
-    assert _totals(_plan(g, "gpipe", 4)) == [100 + 100 + 4 * 10, 200 + 200 + 4 * 20, 300 + 300 + 4 * 30]
-    assert _totals(_plan(g, "1f1b-flush", 2)) == [200 + 2 * 10, 400 + 2 * 20, 600 + 30]
+    assert _totals(_plan(g, "1f1b-flush", 4)) == [100 + 100 + 3 * 10, 200 + 200 + 2 * 25, 300 + 300 + 40]
+    assert _totals(_plan(g, "gpipe", 4)) == [100 + 100 + 4 * 10, 200 + 200 + 4 * 25, 300 + 300 + 4 * 40]
+    assert _totals(_plan(g, "1f1b-flush", 2)) == [200 + 2 * 10, 400 + 2 * 25, 600 + 40]
     # A replicated stage's workers each hold their share of GPipe's units: 2 of 4.
     replicated = _plan(g, "gpipe", 4, replicas=(2, 1, 1))
     assert replicated.stages[0].predicted.memory.units_held == 2  # type: ignore[union-attr]
@@ -105,14 +106,19 @@ def test_vertical_sync_keeps_the_input_stages_versions() -> None:
 
 def test_without_saved_bytes_the_outputs_count() -> None:
     # An imported PipeDream profile measures no saved bytes: the layer outputs stand in, as in the paper.
-    assert _totals(_plan(_graph(saved=False), "gpipe", 2)) == [200 + 2 * 1000, 400 + 2 * 2000, 600 + 2 * 3000]
+    # Each stage: its layers' outputs and the output it receives, per unit held.
+    assert _totals(_plan(_graph(saved=False), "gpipe", 2)) == [
+        200 + 2 * 5,
+        400 + 2 * (10 + 5),
+        600 + 2 * (15 + 10),
+    ]
 
 
 def test_every_stage_of_a_planned_graph_has_its_memory() -> None:
     plan = make_plan(_graph(), PlanConfig(workers=(3,), bandwidths=(1e9,), straight=True))
     assert len(plan.stages) == 3
     assert all(s.predicted.memory.total_bytes > 0 for s in plan.stages)  # type: ignore[union-attr]
-    assert plan.stages[-1].predicted.memory_bytes == 300 + 300 + 30  # type: ignore[union-attr]
+    assert plan.stages[-1].predicted.memory_bytes == 300 + 300 + 30 + 10  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "auto"])
@@ -196,3 +202,44 @@ def test_memory_fits_and_is_recorded(tmp_path: Path) -> None:
         assert memory["total_bytes"] <= 1300
         assert memory["optimizer_bytes"] == 2 * memory["gradient_bytes"]
     assert plan["alternatives"] and plan["alternatives"][0]["schedule"] == plan["schedule"]
+
+
+def test_saved_bytes_count_each_tensor_once_and_no_parameter() -> None:
+    # conv -> relu -> maxpool -> flatten -> linear on a (2, 1, 4, 4) float32 batch. The ReLU saves
+    # its 512-byte output and the pool saves the same tensor as its input; the Linear saves the
+    # pool's output (through flatten's view) and weight.t(), a view of its parameter. Counted
+    # per saving layer that was 128 + 512 + (512 + 256) + (128 + 192) = 1728 bytes, 704 of them
+    # twice or parameters; each storage once, charged to the layer that made it, it is 1024.
+    import torch
+    from torch import fx, nn
+
+    from pdprof.sizes import measure_sizes
+
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16, 3)
+    )
+    sizes, _ = measure_sizes(fx.symbolic_trace(model), [torch.randn(2, 1, 4, 4)])
+    saved = {name: size.saved_bytes for name, size in sizes.items()}
+    four = 4  # float32
+    assert saved == {
+        "input_1": 2 * 16 * four,  # the batch, saved by the conv
+        "_0": 0,  # the conv's output only feeds the ReLU, which saves its own output
+        "_1": 2 * 4 * 16 * four,  # the ReLU's output (saved by the ReLU and by the pool)
+        "_2": 2 * 4 * 4 * 8 + 2 * 16 * four,  # the pool's int64 indices and its output (the Linear's input)
+        "_3": 0,  # flatten: a view of the pool's output
+        "_4": 0,  # the Linear: its input is the pool's, its weight.t() a parameter
+    }
+
+
+def test_a_stage_holds_each_value_it_receives_once() -> None:
+    # a feeds b and c (a skip connection). Stage [b, c] receives a's 5-byte output once, though two
+    # of its layers read it; stage [c] after [b] receives a's and b's (5 + 10).
+    from pdplan.memory import received_per_unit
+
+    g = _graph()
+    g = g.model_copy(update={"edges": [*g.edges, Edge(source="a", target="c")]})
+    assert received_per_unit(g, ["b", "c"]) == 5
+    assert received_per_unit(g, ["c"]) == 5 + 10
+    assert received_per_unit(g, ["x", "a"]) == 0
+    plan = _plan(g, "gpipe", 2)
+    assert _totals(plan) == [200 + 2 * 10, 400 + 2 * (20 + 5), 600 + 2 * (30 + 5 + 10)]

@@ -73,7 +73,8 @@ def test_user_file_profiles_into_a_dag_with_sizes_and_a_table(user_file: Path, t
     assert nodes["cat"].output_shape == [16, 32]
     assert nodes["stem"].parameter_bytes == (8 * 16 + 16) * 4
     assert nodes["cat"].parameter_bytes == 0
-    assert nodes["merge"].saved_bytes >= nodes["cat"].activation_bytes  # Linear keeps its input for backward
+    # The Linear after cat keeps cat's output for backward: charged to cat, which made it (pdprof.sizes).
+    assert nodes["cat"].saved_bytes >= nodes["cat"].activation_bytes
     for edge in graph.edges:
         assert edge.bytes == nodes[edge.source].activation_bytes
     assert all(n.forward_ms > 0 for n in graph.nodes if n.op != "input")
