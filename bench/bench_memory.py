@@ -25,15 +25,22 @@ from pdrun.metrics import summary
 from pdrun.plans import cut_plan
 from shared.plan import Cluster, Level, Schedule
 from shared.spec import RunSpec
+from shared.zoo.models.gpt import PYDOC_VOCAB
 
 MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mnist5k")
+RESMLP = RunSpec(model="zoo:resmlp", model_args={"width": 256, "depth": 4}, data="zoo:digits")
+GPT = RunSpec(
+    model="zoo:gpt",
+    model_args={"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 64, "vocab_size": PYDOC_VOCAB},
+    data="zoo:pydoc_text",
+)
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     spec: RunSpec
-    cut: str
+    cut: str | int  # the second stage's first layer (a name, or an index in topological order)
     batch_size: int
     schedule: Schedule
     microbatches: int
@@ -43,6 +50,10 @@ CASES = (
     Case("mnist_cnn, 1f1b", MNIST, "conv2", 64, "1f1b", 1),
     Case("mnist_cnn, 1f1b-flush M=4", MNIST, "conv2", 64, "1f1b-flush", 4),
     Case("mnist_cnn, gpipe M=8", MNIST, "conv2", 64, "gpipe", 8),
+    Case("resmlp, 1f1b", RESMLP, "blocks_2_fc1", 64, "1f1b", 1),
+    Case("resmlp, gpipe M=4", RESMLP, "blocks_2_fc1", 64, "gpipe", 4),
+    Case("gpt, 1f1b", GPT, "h_1_ln_1", 16, "1f1b", 1),
+    Case("gpt, gpipe M=4", GPT, "h_1_ln_1", 16, "gpipe", 4),
 )
 
 
@@ -58,7 +69,7 @@ def bench(work: Path, steps: int) -> Report:
         graph = graphs[key]
         plan = cut_plan(
             case.spec,
-            [case.cut],
+            [case.cut],  # type: ignore[list-item]
             batch_size=case.batch_size,
             schedule=case.schedule,
             microbatches=case.microbatches,
