@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from pdrun.preload import preload_forkserver
 from shared.errors import RunError, UserError
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import TraceOptions
@@ -506,7 +507,10 @@ def run(system: str, s: Settings, world: int | None = None) -> Result:
     if world is None:
         stages = max(s.stage_of.values()) + 1 if s.stage_of else 2
         world = 1 if system == "single" else max(1, stages // s.chunks)
-    ctx = mp.get_context("spawn")
+    # Fresh processes forked from a forkserver that has imported torch and this module once, as
+    # pdrun's workers are (pdrun.preload): neither side pays a torch import per worker.
+    preload_forkserver(("torch.distributed.pipelining", "bench.baselines"))
+    ctx = mp.get_context("forkserver")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, system, s, results)) for r in range(world)]
