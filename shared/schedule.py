@@ -443,17 +443,34 @@ class OneFOneB(Schedule):
 
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         stage, replica = worker
-        replicated = pipe.replicas[stage] > 1
         mine = _own_units(first, stop, pipe.replicas[stage], replica)
         for kind, u in one_f_one_b_order(mine, pipe.bounds[stage]):
             yield Instr(kind, u)
             if kind is Kind.BACKWARD:
-                if replicated:
-                    yield Instr(Kind.ALLREDUCE, u)
-                yield Instr(Kind.STEP, u)
+                yield from end_step(pipe, stage, u)
 
 
-class _Flush(Schedule):
+def end_step(pipe: Pipeline, stage: int, last: int) -> Iterator[Instr]:
+    """A worker's end of an optimizer step: AR among the stage's replicas (when it has several), then S.
+
+    Both are labelled with ``last``, the step's last unit (one unit is a step in ``1f1b``).
+    """
+    if pipe.replicas[stage] > 1:
+        yield Instr(Kind.ALLREDUCE, last)
+    yield Instr(Kind.STEP, last)
+
+
+class _Accumulating(Schedule):
+    """A schedule that accumulates gradients over ``microbatches`` units per optimizer step."""
+
+    def units_per_step(self, pipe: Pipeline) -> int:
+        return pipe.microbatches
+
+    def check_units(self, pipe: Pipeline, units: int) -> None:
+        check_whole_steps(self.name, units, pipe.microbatches)
+
+
+class _Flush(_Accumulating):
     """A flushing schedule: steps of ``microbatches`` units, each ending in AR (replicated) and S everywhere.
 
     Every replica of a stage joins the step's all-reduce and step, labelled with the
@@ -461,21 +478,14 @@ class _Flush(Schedule):
     so that replicas stay identical.
     """
 
-    def units_per_step(self, pipe: Pipeline) -> int:
-        return pipe.microbatches
-
     def fill(self, pipe: Pipeline) -> int:
         return 2 * pipe.microbatches  # a step drains before the next: the first and the last step
 
     def order(self, pipe: Pipeline, stage: int, units: range) -> Iterator[tuple[Kind, int]]:
         raise NotImplementedError
 
-    def check_units(self, pipe: Pipeline, units: int) -> None:
-        check_whole_steps(self.name, units, pipe.microbatches)
-
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         stage, replica = worker
-        replicated = pipe.replicas[stage] > 1
         m = pipe.microbatches
         for start in range(first, stop, m):
             last = start + m - 1
@@ -483,9 +493,7 @@ class _Flush(Schedule):
                 pipe, stage, _own_units(start, last + 1, pipe.replicas[stage], replica)
             ):
                 yield Instr(kind, u)
-            if replicated:
-                yield Instr(Kind.ALLREDUCE, last)
-            yield Instr(Kind.STEP, last)
+            yield from end_step(pipe, stage, last)
 
 
 class OneFOneBFlush(_Flush):

@@ -28,9 +28,10 @@ from shared.schedule import (
     Schedule,
     ScheduleError,
     Worker,
+    _Accumulating,
     _Flush,
     _own_units,
-    check_whole_steps,
+    end_step,
     one_f_one_b_order,
 )
 
@@ -144,16 +145,13 @@ class InterleavedOneFOneB(_Flush):
                 f"in groups of {n}); use {max(n, m - m % n)}"
             )
 
-    def fill(self, pipe: Pipeline) -> int:
-        return 2 * pipe.microbatches
-
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         stage = worker[0]
         m = pipe.microbatches
         for start in range(first, stop, m):
             for kind, mb, chunk in interleaved_order(pipe.stages, pipe.chunks, m, stage):
                 yield Instr(kind, start + mb, None, chunk)
-            yield Instr(Kind.STEP, start + m - 1)
+            yield from end_step(pipe, stage, start + m - 1)  # S alone: one replica per stage
 
     def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         return lower_chunked(pipe, worker[0], self.compute(pipe, worker, first, stop))
@@ -245,7 +243,7 @@ def two_bw_depth(pipe: Pipeline) -> int:
     return max(n * k for n, k in zip(pipe.replicas, pipe.bounds, strict=True))
 
 
-class TwoBW(Schedule):
+class TwoBW(_Accumulating):
     """``2bw`` (PipeDream-2BW): 1F1B without flushes, a step every ``microbatches`` units, one step late.
 
     The program is PipeDream's 1F1B order over all of a worker's units, with the step's
@@ -274,14 +272,8 @@ class TwoBW(Schedule):
                     f"replica the same share of a step); use {m - m % n if m > n else n}"
                 )
 
-    def units_per_step(self, pipe: Pipeline) -> int:
-        return pipe.microbatches
-
     def fill(self, pipe: Pipeline) -> int:
         return 2 * max(pipe.microbatches, two_bw_depth(pipe))
-
-    def check_units(self, pipe: Pipeline, units: int) -> None:
-        check_whole_steps(self.name, units, pipe.microbatches)
 
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         stage, replica = worker
@@ -291,10 +283,7 @@ class TwoBW(Schedule):
             yield Instr(kind, u)
             # The worker's last unit of its step: the step's last unit, less the replicas after it.
             if kind is Kind.BACKWARD and (u - first) % m >= m - n:
-                last = u - (u - first) % m + m - 1
-                if n > 1:
-                    yield Instr(Kind.ALLREDUCE, last)
-                yield Instr(Kind.STEP, last)
+                yield from end_step(pipe, stage, u - (u - first) % m + m - 1)
 
 
 MORE: tuple[Schedule, ...] = (InterleavedOneFOneB(), ZeroBubbleH1(), TwoBW())
