@@ -78,7 +78,11 @@ def pydoc_text(
     blocks = (int(data.numel()) - 1) // block_size
     if blocks < 2:
         raise ValueError(f"block_size {block_size} leaves fewer than 2 blocks of text")
+    return CharBlocks(data, split_blocks(blocks, split, val_fraction, seed) * block_size, block_size)
+
+
+def split_blocks(blocks: int, split: str, val_fraction: float, seed: int) -> torch.Tensor:
+    """Which of ``blocks`` blocks are ``split``'s: a seeded shuffle, its last ``val_fraction`` (1 at least) val."""
     order = torch.randperm(blocks, generator=torch.Generator().manual_seed(seed))
     cut = blocks - max(1, round(blocks * val_fraction))
-    chosen = order[:cut] if split == SPLITS[0] else order[cut:]
-    return CharBlocks(data, chosen * block_size, block_size)
+    return order[:cut] if split == SPLITS[0] else order[cut:]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from shared.zoo.datasets.pydoc_text import CHARS, corpus
-from shared.zoo.datasets.synthetic import SPLITS, check_split
+from shared.zoo.datasets.pydoc_text import CHARS, corpus, split_blocks
+from shared.zoo.datasets.synthetic import check_split
 from shared.zoo.registry import register_dataset
 
 NEWLINE = CHARS.index("\n") + 1
@@ -63,10 +63,7 @@ def _blocks(
         raise ValueError(f"block_size must be at least 4, got {block_size}")
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
-    blocks = (int(corpus().numel()) - 1) // block_size
-    order = torch.randperm(blocks, generator=torch.Generator().manual_seed(seed))
-    cut = blocks - max(1, round(blocks * val_fraction))
-    chosen = order[:cut] if split == SPLITS[0] else order[cut:]
+    chosen = split_blocks((int(corpus().numel()) - 1) // block_size, split, val_fraction, seed)
     return TokenBlocks(chosen * block_size, block_size, (3 * block_size) // 4, task, num_classes)
 
 
