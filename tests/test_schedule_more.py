@@ -31,6 +31,7 @@ from shared.schedule_check import validate_program, validate_run
 from shared.schedule_grid import draw_grid
 from shared.schedule_more import two_bw_depth, two_bw_version
 from shared.simulate import Costs, simulate
+from tests.schedule_helpers import Wrapped
 
 # Interleaved 1F1B as in Narayanan et al. (SC'21) Figure 4: 4 devices, 2 chunks each (device
 # d holds virtual stages d and 4 + d), 8 microbatches, one step; f = b = 1 slot per chunk.
@@ -304,23 +305,12 @@ def test_cli_draws_the_new_schedules() -> None:
     assert result.exit_code == 2 and "--virtual-stages is for interleaved-1f1b" in result.stderr
 
 
-class _DropReceives(Schedule):
+class _DropReceives(Wrapped):
     """A second-wave generator with every receive of one residue of the period dropped on one worker."""
 
     def __init__(self, inner: Schedule, target: int, residue: int) -> None:
-        self.inner, self.name, self.target, self.residue = inner, inner.name, target, residue
-
-    def units_per_step(self, pipe: Pipeline) -> int:
-        return self.inner.units_per_step(pipe)
-
-    def period(self, pipe: Pipeline) -> int:
-        return self.inner.period(pipe)
-
-    def fill(self, pipe: Pipeline) -> int:
-        return self.inner.fill(pipe)
-
-    def check_units(self, pipe: Pipeline, units: int) -> None:
-        self.inner.check_units(pipe, units)
+        super().__init__(inner)
+        self.target, self.residue = target, residue
 
     def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
         instrs = self.inner.program(pipe, worker, first, stop)

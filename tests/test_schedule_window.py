@@ -33,32 +33,19 @@ from shared.schedule import (
     worker_program,
 )
 from shared.schedule_check import validate_program, validate_run
+from tests.schedule_helpers import Wrapped
 
 REPLICAS = [(1,), (2,), (1, 1), (2, 1), (1, 2), (1, 1, 1), (2, 1, 1), (1, 2, 1, 1)]
 
 
-class Faulty(Schedule):
+class Faulty(Wrapped):
     """A schedule's generator with one fault injected into one worker's stream."""
 
     def __init__(self, inner: Schedule, fault: str, target: int, residue: int) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.trains = inner.trains
+        super().__init__(inner)
         self.fault = fault
         self.target = target  # which worker, by index in rank order
         self.residue = residue  # which units: u % period == residue
-
-    def units_per_step(self, pipe: Pipeline) -> int:
-        return self.inner.units_per_step(pipe)
-
-    def period(self, pipe: Pipeline) -> int:
-        return self.inner.period(pipe)
-
-    def fill(self, pipe: Pipeline) -> int:
-        return self.inner.fill(pipe)
-
-    def check_units(self, pipe: Pipeline, units: int) -> None:
-        self.inner.check_units(pipe, units)
 
     def compute(self, pipe: Pipeline, worker: tuple[int, int], first: int, stop: int) -> Iterator[Instr]:
         if self.fault == "deadlock" and pipe.stages > 1:
