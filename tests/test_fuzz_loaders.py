@@ -96,12 +96,26 @@ def _is_document_of(data: bytes, fmt: str) -> bool:
     return isinstance(doc, dict) and doc.get("format") == fmt
 
 
-def run_fuzz(
-    check: Callable[[], None], seen: Counter[str], at_least_errors: float, at_least: int = PER_LOADER
+def fuzz_loader(
+    load: Callable[[Path], object],
+    path: Path,
+    inputs: st.SearchStrategy[bytes],
+    fmt: str | None,
+    *,
+    at_least_errors: float,
+    examples: int = PER_LOADER,
 ) -> None:
+    """Feed ``load`` ``examples`` inputs drawn from ``inputs``, each judged by :func:`outcome` at ``path``."""
+    seen: Counter[str] = Counter()
+
+    @settings(FUZZ, max_examples=examples)
+    @given(data=inputs)
+    def check(data: bytes) -> None:
+        seen[outcome(load, path, data, fmt)] += 1
+
     check()
     total = sum(seen.values())
-    assert total >= at_least, f"only {total} inputs were tried"
+    assert total >= examples, f"only {total} inputs were tried"
     # Most mutations break the artifact; if almost none is refused, the mutations are not biting.
     assert seen["error"] >= at_least_errors * total, dict(seen)
 
@@ -369,25 +383,11 @@ def test_bases_are_valid(tmp_path: Path) -> None:
 
 
 def test_layer_graph_loader_fuzz(tmp_path: Path) -> None:
-    seen: Counter[str] = Counter()
-
-    @FUZZ
-    @given(data=graph_inputs())
-    def check(data: bytes) -> None:
-        seen[outcome(load_graph, tmp_path / "graph.json", data, "pdprof.graph/1")] += 1
-
-    run_fuzz(check, seen, at_least_errors=0.6)
+    fuzz_loader(load_graph, tmp_path / "graph.json", graph_inputs(), "pdprof.graph/1", at_least_errors=0.6)
 
 
 def test_plan_loader_fuzz(tmp_path: Path) -> None:
-    seen: Counter[str] = Counter()
-
-    @FUZZ
-    @given(data=plan_inputs())
-    def check(data: bytes) -> None:
-        seen[outcome(load_plan, tmp_path / "plan.json", data, "pdplan.plan/1")] += 1
-
-    run_fuzz(check, seen, at_least_errors=0.6)
+    fuzz_loader(load_plan, tmp_path / "plan.json", plan_inputs(), "pdplan.plan/1", at_least_errors=0.6)
 
 
 # --- mutating Parquet tables ----------------------------------------------------------------
@@ -516,26 +516,25 @@ def table_inputs(draw: st.DrawFn, fmt: TableFormat) -> bytes:
 
 
 def test_profile_table_loader_fuzz(tmp_path: Path) -> None:
-    seen: Counter[str] = Counter()
-
-    @FUZZ
-    @given(data=table_inputs(PROFILE_TABLE))
-    def check(data: bytes) -> None:
-        seen[outcome(lambda p: load_table(p, PROFILE_TABLE), tmp_path / "profile.parquet", data, None)] += 1
-
-    run_fuzz(check, seen, at_least_errors=0.6)
+    fuzz_loader(
+        lambda p: load_table(p, PROFILE_TABLE),
+        tmp_path / "profile.parquet",
+        table_inputs(PROFILE_TABLE),
+        None,
+        at_least_errors=0.6,
+    )
 
 
 def test_run_metrics_loader_fuzz(tmp_path: Path) -> None:
     # The same loader as the profile table (load_table) with the other format: fewer inputs here.
-    seen: Counter[str] = Counter()
-
-    @settings(FUZZ, max_examples=400)
-    @given(data=table_inputs(RUN_METRICS))
-    def check(data: bytes) -> None:
-        seen[outcome(lambda p: load_table(p, RUN_METRICS), tmp_path / "run.parquet", data, None)] += 1
-
-    run_fuzz(check, seen, at_least_errors=0.5, at_least=400)
+    fuzz_loader(
+        lambda p: load_table(p, RUN_METRICS),
+        tmp_path / "run.parquet",
+        table_inputs(RUN_METRICS),
+        None,
+        at_least_errors=0.5,
+        examples=400,
+    )
 
 
 def test_table_value_errors_name_column_and_row(tmp_path: Path) -> None:
@@ -625,14 +624,7 @@ def test_pipedream_and_table_bases_are_valid(tmp_path: Path) -> None:
 
 
 def test_pipedream_loader_fuzz(tmp_path: Path) -> None:
-    seen: Counter[str] = Counter()
-
-    @FUZZ
-    @given(data=pipedream_inputs())
-    def check(data: bytes) -> None:
-        seen[outcome(_load_pipedream, tmp_path / "graph.txt", data, None)] += 1
-
-    run_fuzz(check, seen, at_least_errors=0.5)
+    fuzz_loader(_load_pipedream, tmp_path / "graph.txt", pipedream_inputs(), None, at_least_errors=0.5)
 
 
 def test_pipedream_errors_name_line_and_field(tmp_path: Path) -> None:
