@@ -21,14 +21,17 @@ from shared.zoo.models.checks import check_positive
 from shared.zoo.registry import register_model
 
 
-def _transformers(model: str) -> Any:
+def _from_config(model: str, config: str, head: str, positive: tuple[str, ...], **fields: Any) -> nn.Module:
+    """transformers' ``head`` on a ``config`` of ``fields``, random weights; the ``positive`` fields checked first."""
+    check_positive(model, **{name: fields[name] for name in positive})
     try:
         import transformers
     except ImportError:
         raise SpecError(
             f"model spec 'zoo:{model}': needs transformers; pip install 'pipedream-toolchain[hf]'"
         ) from None
-    return transformers
+    built: nn.Module = getattr(transformers, head)(getattr(transformers, config)(**fields))
+    return built
 
 
 @register_model(
@@ -49,9 +52,11 @@ def hf_gpt2(
     dropout: float = 0.0,
     tie_word_embeddings: bool = True,
 ) -> nn.Module:
-    check_positive("hf_gpt2", n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size)
-    t = _transformers("hf_gpt2")
-    config = t.GPT2Config(
+    return _from_config(
+        "hf_gpt2",
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        positive=("n_layer", "n_embd", "n_head", "vocab_size"),
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
@@ -62,8 +67,6 @@ def hf_gpt2(
         attn_pdrop=dropout,
         tie_word_embeddings=tie_word_embeddings,
     )
-    model: nn.Module = t.GPT2LMHeadModel(config)
-    return model
 
 
 @register_model(
@@ -85,16 +88,17 @@ def hf_llama(
     max_position_embeddings: int = 64,
     tie_word_embeddings: bool = True,
 ) -> nn.Module:
-    check_positive(
+    return _from_config(
         "hf_llama",
-        num_hidden_layers=num_hidden_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        vocab_size=vocab_size,
-    )
-    t = _transformers("hf_llama")
-    config = t.LlamaConfig(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        positive=(
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+        ),
         num_hidden_layers=num_hidden_layers,
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -104,8 +108,6 @@ def hf_llama(
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
     )
-    model: nn.Module = t.LlamaForCausalLM(config)
-    return model
 
 
 @register_model(
@@ -127,16 +129,11 @@ def hf_bert(
     num_labels: int = 3,
     dropout: float = 0.0,
 ) -> nn.Module:
-    check_positive(
+    return _from_config(
         "hf_bert",
-        num_hidden_layers=num_hidden_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        vocab_size=vocab_size,
-        num_labels=num_labels,
-    )
-    t = _transformers("hf_bert")
-    config = t.BertConfig(
+        "BertConfig",
+        "BertForSequenceClassification",
+        positive=("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_labels"),
         num_hidden_layers=num_hidden_layers,
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -147,5 +144,3 @@ def hf_bert(
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
     )
-    model: nn.Module = t.BertForSequenceClassification(config)
-    return model
