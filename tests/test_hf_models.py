@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from pdprof.cli import main as pdprof_main
 from pdrun.partition import partition
@@ -119,35 +119,29 @@ def test_causal_lm_loss_is_what_transformers_computes() -> None:
     torch.testing.assert_close(causal_lm(out.logits, labels), out.loss)
 
 
-def test_labels_equal_to_the_inputs_with_cross_entropy_is_refused(tmp_path: Path) -> None:
+def _profile_samples(tmp_path: Path, model: str, sample: str) -> Result:
+    """pdprof on ``model`` over 16 rows ``x`` of 12 random token ids, each row made a sample by ``sample``."""
     data = tmp_path / "data.py"
     data.write_text(
         "import torch\n"
         "def build():\n"
         "    ids = torch.randint(1, 90, (16, 12), generator=torch.Generator().manual_seed(0))\n"
-        "    return [{'input_ids': x, 'labels': x} for x in ids]\n"
+        f"    return [{sample} for x in ids]\n"
     )
-    res = CliRunner().invoke(
-        pdprof_main,
-        ["--model", "zoo:hf_gpt2", "--data", f"{data}:build", "--batch-size", "4", "--repeats", "1"],
+    return CliRunner().invoke(
+        pdprof_main, ["--model", model, "--data", f"{data}:build", "--batch-size", "4", "--repeats", "1"]
     )
+
+
+def test_labels_equal_to_the_inputs_with_cross_entropy_is_refused(tmp_path: Path) -> None:
+    res = _profile_samples(tmp_path, "zoo:hf_gpt2", "{'input_ids': x, 'labels': x}")
     assert res.exit_code == 2
     assert "--loss causal_lm" in res.output and "'labels'" in res.output
     assert "Traceback" not in res.output
 
 
 def test_a_field_the_model_does_not_take_is_one_line(tmp_path: Path) -> None:
-    data = tmp_path / "data.py"
-    data.write_text(
-        "import torch\n"
-        "def build():\n"
-        "    ids = torch.randint(1, 90, (16, 12), generator=torch.Generator().manual_seed(0))\n"
-        "    return [{'input_ids': x, 'pixels': x, 'label': x[0] % 3} for x in ids]\n"
-    )
-    res = CliRunner().invoke(
-        pdprof_main,
-        ["--model", "zoo:hf_bert", "--data", f"{data}:build", "--batch-size", "4", "--repeats", "1"],
-    )
+    res = _profile_samples(tmp_path, "zoo:hf_bert", "{'input_ids': x, 'pixels': x, 'label': x[0] % 3}")
     assert res.exit_code == 2
     assert "'pixels' is not an argument of BertForSequenceClassification.forward" in res.output
     assert len(res.output.strip().splitlines()) == 1
