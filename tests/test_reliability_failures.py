@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,8 +90,8 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("pdrun: error")]
 
 
-@pytest.fixture
-def plan3(tmp_path: Path) -> Path:
+def pid_plan(tmp_path: Path, cuts: list[int], **plan: Any) -> Path:
+    """tmp_path/plan.json: a resmlp cut at ``cuts`` whose workers write their pids into tmp_path/pids."""
     (tmp_path / "pids").mkdir()
     (tmp_path / "piddata.py").write_text(PID_DATA)
     spec = RunSpec(
@@ -100,8 +101,13 @@ def plan3(tmp_path: Path) -> Path:
         data_args={"pids": str(tmp_path / "pids")},
     )
     path = tmp_path / "plan.json"
-    save_plan(cut_plan(spec, [3, 6], batch_size=16, schedule="1f1b-flush", microbatches=2), path)
+    save_plan(cut_plan(spec, cuts, batch_size=16, **plan), path)
     return path
+
+
+@pytest.fixture
+def plan3(tmp_path: Path) -> Path:
+    return pid_plan(tmp_path, [3, 6], schedule="1f1b-flush", microbatches=2)
 
 
 @pytest.mark.timeout(120)

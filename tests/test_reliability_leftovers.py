@@ -17,27 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pdrun.plans import cut_plan
-from shared.plan import save_plan
-from shared.spec import RunSpec
-from tests.test_reliability_failures import MARK, PID_DATA, alive, marked_processes
+from tests.test_reliability_failures import MARK, alive, marked_processes, pid_plan
 
 SHM = Path("/dev/shm")
 
 
 @pytest.fixture
 def plan2(tmp_path: Path) -> Path:
-    (tmp_path / "pids").mkdir()
-    (tmp_path / "piddata.py").write_text(PID_DATA)
-    spec = RunSpec(
-        model="zoo:resmlp",
-        model_args={"width": 32, "depth": 2},
-        data=f"{tmp_path}/piddata.py:build",
-        data_args={"pids": str(tmp_path / "pids")},
-    )
-    path = tmp_path / "plan.json"
-    save_plan(cut_plan(spec, [6], batch_size=16), path)
-    return path
+    return pid_plan(tmp_path, [6])
 
 
 def mapped_semaphores(pids: list[int]) -> set[int]:
