@@ -139,7 +139,12 @@ from shared.plan import SCHEDULES, Plan, load_plan
     show_default=True,
     help="Complete checkpoints kept in --checkpoint-dir (0: all).",
 )
-@click.option("--resume", is_flag=True, help="Start from the last complete checkpoint in --checkpoint-dir.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Start from the last complete checkpoint in --checkpoint-dir and run --steps more from its step; "
+    "the summary counts this run's steps (resumed_from_step: the checkpoint's), the metrics' step goes on from it.",
+)
 @click.option(
     "--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines in the job."
 )
@@ -234,7 +239,7 @@ def run(
     )
     if results is None:
         return  # a worker other than rank 0 under torchrun: rank 0 reports
-    from pdrun.runner import effective_plan
+    from pdrun.shape import effective_plan
 
     used = effective_plan(p, cfg)
     summary = metrics.summary(results, used)
@@ -248,18 +253,18 @@ def run(
     summary["resumed_from_step"] = rank0.resumed_from
     if not quiet:
         acc = summary.get("val_accuracy")
-        console.print(
-            f"pdrun: {summary['steps']} steps of {used.schedule} on {used.world_size} workers, final loss "
-            f"{summary['final_loss']}, {summary['samples_per_s'] or 0:.0f} samples/s"
-            + (f", val accuracy {acc:.2%}" if acc is not None else "")
-        )
+        line = f"pdrun: {summary['steps']} steps of {used.schedule} on {used.world_size} workers"
+        if rank0.resumed_from is not None:
+            line += f" (resumed from step {rank0.resumed_from})"  # the steps are this run's, after those
+        line += f", final loss {summary['final_loss']}, {summary['samples_per_s'] or 0:.0f} samples/s"
+        console.print(line + (f", val accuracy {acc:.2%}" if acc is not None else ""))
     click.echo(json.dumps(summary, indent=2, default=str))
 
 
 def _resume_from(plan: Plan, cfg: RunConfig, directory: str, quiet: bool) -> RunConfig:
     """Pick the checkpoint to resume from here, to say which one and which newer ones were skipped."""
     from pdrun.checkpoint import resume_point
-    from pdrun.runner import effective_plan
+    from pdrun.shape import effective_plan
 
     used = effective_plan(plan, cfg)
     ck, skipped = resume_point(directory, used.graph_hash, len(used.stages), used.world_size)

@@ -22,21 +22,16 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
-from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
-from pdrun.partition import partition
-from pdrun.stage import build_stage
+from pdrun.result import WorkerResult
+from pdrun.shape import pipeline_of, segments
 from pdrun.transport import Transport
-from pdrun.values import with_channels_last
-from pdrun.weights import WeightVersions
-from pdrun.worker import PARTS, Peers, StepStats, Worker
+from pdrun.worker import PARTS, StepStats, Worker
 from shared.errors import UserError
-from shared.layout import module_to_channels_last, use_channels_last
 from shared.plan import Plan
-from shared.resolve import resolve_loss, resolve_model
 from shared.schedule import GENERATORS, RECVS, SENDS, Instr, Kind, worker_program
-from shared.tracer import trace
 
 ALL_CHUNKS = -1
 
@@ -76,16 +71,6 @@ def check_chunked(plan: Plan, cfg: RunConfig, source: str = "plan") -> None:
     if cfg.trace:
         raise UserError(
             f"{source}: virtual_stages: an interleaved-1f1b run records no timeline yet; drop --trace"
-        )
-
-
-def chunk_chain(plan: Plan, edges: list[tuple[int, int]], source: str = "plan") -> None:
-    """UserError unless every value goes from one chunk to the next (the interleaved lowering's chain)."""
-    skips = [(a, b) for a, b in edges if b != a + 1]
-    if plan.virtual_stages > 1 and skips:
-        raise UserError(
-            f"{source}: stages: interleaved-1f1b sends values only to the next chunk, but stage {skips[0][0]} "
-            f"sends to stage {skips[0][1]} {skips[0]}; cut where only the chunk's output crosses"
         )
 
 
@@ -160,74 +145,21 @@ def train_interleaved(
     device: torch.device,
     dtype: torch.dtype,
     t_start: float,
-    transport: Transport,
+    comm: Transport,
 ) -> Any:
     """``pdrun.runner._train`` for an interleaved plan: this rank's V chunk workers; every result on rank 0."""
-    # The run's shape lives in the runner, which imports this module.
-    from pdrun.runner import WorkerResult, pipeline_of, segments, value_specs
-
     if cfg.validate and env.rank == 0:
         print("pdrun: interleaved-1f1b runs no validation pass yet; it is skipped", flush=True)
 
-    spec = plan.spec
-    assert spec.model is not None
     n = len(plan.stages) // plan.virtual_stages
-    torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
-    model = resolve_model(spec.model, spec.model_args).to(dtype)
-    traced = trace(model, spec.trace)
-    part = partition(traced, plan)
-    train_set, _ = datasets(spec)
-    units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {spec.data}")
-    sample = to_device(units.batch(0)[0], torch.device("cpu"), dtype)
-    specs = value_specs(plan, cfg, part, traced, tuple(sample))
-    channels_last = use_channels_last(cfg.memory_format, model, device, dtype)
-    if channels_last:
-        specs = {k: with_channels_last(v) for k, v in specs.items()}
-    comm = transport
-    peers = Peers(tuple(tuple(st.ranks) for st in plan.stages))
+    model = build_model(plan, cfg, device, dtype)
+    part = model.part
     shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
-    chunks: list[Worker] = []
-    for c in range(plan.virtual_stages):
-        stage = build_stage(traced, part, c * n + s)
-        stage.module.to(device)
-        if channels_last:
-            module_to_channels_last(stage.module)
-        versions = WeightVersions(stage.module, stash=False)
-        params = list(versions.live.values())
-        optimizer: torch.optim.Optimizer | None = None
-        if params and cfg.optimizer == "adam":
-            optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        elif params:
-            optimizer = torch.optim.SGD(
-                params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-            )
-        chunks.append(
-            Worker(
-                rank=env.rank,
-                stage=stage,
-                replica=0,
-                part=part,
-                specs=specs,
-                peers=peers,
-                units=units,
-                loss_fn=resolve_loss(spec.loss),
-                optimizer=optimizer,
-                versions=versions,
-                comm=shared,
-                group=None,
-                device=device,
-                dtype=dtype,
-                loss_scale=1.0 / plan.microbatches,
-                average_replicas=False,
-                vertical_sync=False,
-                record=cfg.record,
-                channels_last=channels_last,
-            )
-        )
-    segs = segments(plan, cfg, units.per_epoch)
-    total = sum(segs.lengths) // segs.units_per_step
-    for w in chunks:
-        w.lr_at = lambda step, total=total: cfg.lr_at(step, total)
+    chunks = [
+        build_worker(env, plan, cfg, model, (c * n + s, 0), shared, dtype) for c in range(plan.virtual_stages)
+    ]
+    del model  # the whole model: this rank keeps its chunks
+    segs = segments(plan, cfg, chunks[0].units.per_epoch)
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]
     base = 0

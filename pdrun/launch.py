@@ -9,7 +9,6 @@ one worker. The first worker failure is reported with its rank.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -28,14 +27,16 @@ from pdrun.config import RunConfig, resolve_units_per_step
 from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
+from pdrun.failures import first_failure, signal_name
 from pdrun.interleaved import check_chunked
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.preload import defining_modules, preload_forkserver
-from pdrun.runner import WorkerResult, chunk_lengths, effective_plan, pipeline_of, segments, worker_entry
+from pdrun.result import WorkerResult
+from pdrun.shape import chunk_lengths, effective_plan, pipeline_of, segments
 from pdrun.tied import check_ties, find_ties
 from pdrun.transport import launcher_tag, remove_leftovers
-from shared.errors import PDError, RunError, UserError
+from shared.errors import RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
 from shared.schedule import SCHEDULES
@@ -104,6 +105,8 @@ def launch(
     if under_torchrun():
         env = DistEnv.from_environ()
         check(plan, cfg, env.world_size, source)
+        from pdrun.runner import worker_entry  # this process is the worker
+
         return worker_entry(plan.model_dump_json(), resume_config(plan, cfg), None)
     nproc = nodes.nproc_per_node or -(-plan.world_size // nodes.nnodes)
     modules = check(plan, cfg, nproc * nodes.nnodes, source)
@@ -165,7 +168,7 @@ def _elastic(
                 plan.model_dump_json(), run, errdir
             )
         except ChildFailedError as exc:
-            raise _first_failure(Path(errdir), exc) from None
+            raise first_failure(Path(errdir), exc) from None
         except SignalException as exc:
             # pdrun was told to stop (Ctrl-C, a scheduler's SIGTERM): the launcher has stopped the workers.
             if exc.sigval == signal.SIGINT:
@@ -192,7 +195,7 @@ class Stopped(RunError):
 
     def __init__(self, signum: int) -> None:
         self.exit_code = 128 + signum
-        super().__init__(f"stopped by {_signal_name(signum)}; every worker was stopped")
+        super().__init__(f"stopped by {signal_name(signum)}; every worker was stopped")
 
 
 @contextmanager
@@ -219,47 +222,3 @@ def _quiet_launcher() -> Iterator[None]:
 
 
 _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-
-
-def _first_failure(errdir: Path, exc: Exception) -> PDError:
-    """The failure that caused the others, as one line naming its rank; our user errors keep exit status 2.
-
-    A rank that died without writing its error (killed by a signal, or exited hard) comes first:
-    its peers' errors ("connection closed", "no activations from rank R") are its consequences.
-    """
-    records = []
-    for path in errdir.glob("rank*.json"):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    recorded = {int(r["rank"]) for r in records if isinstance(r.get("rank"), int)}
-    failures = getattr(exc, "failures", {}) or {}
-    silent = [(rank, f) for rank, f in failures.items() if rank not in recorded]
-    if silent:
-        rank, failure = min(silent, key=lambda kv: (getattr(kv[1], "timestamp", 0), kv[0]))
-        return RunError(f"worker rank {rank} died ({_death(failure)})")
-    if not records:
-        return RunError(f"a worker failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-    # A rank that saw its peer's connection break reports a consequence: the cause is elsewhere.
-    causes = [r for r in records if not r.get("peer_lost")] or records
-    first = min(causes, key=lambda r: r["time"])
-    message = f"worker rank {first['rank']} failed: {first['type']}: {first['message']}"
-    if first.get("traceback"):
-        message += "\n" + first["traceback"]
-    return UserError(message) if first.get("user") else RunError(message)
-
-
-def _death(failure: Any) -> str:
-    """How a process ended: "signal SIGKILL" or "exit code 3"."""
-    code = getattr(failure, "exitcode", None)
-    if isinstance(code, int) and code < 0:
-        return f"signal {_signal_name(-code)}"
-    return f"exit code {code if code is not None else '?'}"
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from pdrun.runner import WorkerResult, units_per_step
+from pdrun.result import WorkerResult
+from pdrun.shape import units_per_step
 from pdrun.worker import PARTS
 from shared.plan import Plan
 from shared.tables import RUN_METRICS, save_table
@@ -59,20 +60,24 @@ def save(results: list[WorkerResult], path: str, plan: Plan, options: dict[str, 
 
 
 def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
-    """The figures a person wants at the end: steps, losses, throughput, validation."""
+    """The figures a person wants at the end: steps, losses, throughput, validation.
+
+    ``steps``, ``units`` and ``samples`` are what this invocation trained: after ``--resume``, those
+    after the checkpoint's step (the metrics' ``step`` column goes on counting from it).
+    """
     last = [r for r in results if r.stage == len(plan.stages) - 1]
     losses: dict[int, list[float]] = {}
     for r in last:
         for row in r.rows:
             if not math.isnan(row["loss"]):
                 losses.setdefault(row["step"], []).append(row["loss"])
-    steps = max((r.steps for r in results), default=0)
     final = sum(losses[max(losses)]) / len(losses[max(losses)]) if losses else None
-    units = max((r.units for r in results), default=0)  # global units trained, the same on every rank
     wall = max((sum(row["wall_s"] for row in r.rows) for r in results), default=0.0)
-    # A resumed run's units count from the checkpoint's; its throughput is of the units it trained itself.
+    # A rank's steps and units are positions in the whole training, a resumed run's counted from the
+    # start; the summary counts what this invocation trained (after ``resumed_from_step``, cmd_run).
     resumed = next((r.resumed_from for r in results if r.resumed_from is not None), 0)
-    trained = units - resumed * units_per_step(plan)
+    steps = max((r.steps for r in results), default=0) - resumed
+    units = max((r.units for r in results), default=0) - resumed * units_per_step(plan)
     out: dict[str, Any] = {
         "schedule": plan.schedule,
         "stages": len(plan.stages),
@@ -81,7 +86,7 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "units": units,
         "samples": units * plan.batch_size,
         "final_loss": final,
-        "samples_per_s": trained * plan.batch_size / wall if wall > 0 else None,
+        "samples_per_s": units * plan.batch_size / wall if wall > 0 else None,
         "train_s": wall,
         "max_weight_versions": {r.rank: r.max_versions for r in results},
         # What carried each rank's messages and sums (pdrun/transport/choose.py): shm, gloo, or mixed.

@@ -1,6 +1,6 @@
 """A worker's peak memory: its stage's parameters plus the high-water rise above them, per process.
 
-Every rank builds the whole model and then keeps only its stage (``pdrun.runner``), so the
+Every rank builds the whole model and then keeps only its stage (``pdrun.build_worker``), so the
 process's lifetime high-water mark says little about the stage. :func:`start` is called
 once the stage is built and the rest dropped: on CPU it resets the kernel's high-water RSS
 (``/proc/self/clear_refs``, "5" resets ``VmHWM``) and notes the RSS then; on CUDA it resets
@@ -9,7 +9,7 @@ stage's parameter bytes (counted from its tensors, as the planner's memory model
 them) plus the rise of the high-water mark above that start: gradients, optimizer state,
 stashed weight versions, saved activations, messages and the allocator's slack.
 
-One tracker per process (a worker is a process), so the runner starts it and the worker
+One tracker per process (a worker is a process), so the worker's builder starts it and the worker
 reads it at every step without threading it through their constructors.
 """
 

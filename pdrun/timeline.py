@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pdrun.runner import WorkerResult
+from pdrun.result import WorkerResult
 from shared.io import atomic_write_bytes
 
 

@@ -22,12 +22,10 @@ from pdrun import peak
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
 from pdrun.overlap import OverlappedAllReduce
-from pdrun.partition import Partition
-from pdrun.stage import StageModule
-from pdrun.tied import TiedGradients
 from pdrun.transport import TAG_ACT, TAG_GRAD, TAG_VAL, PostedRecv, Transport
-from pdrun.values import ValueSpec, decode, encode, grad_leaves, grad_specs, leaves
-from pdrun.weights import Params, WeightVersions, fingerprint
+from pdrun.values import decode, encode, grad_leaves, grad_specs, leaves
+from pdrun.weights import Params, fingerprint
+from pdrun.worker_config import WorkerConfig
 from pdrun.zero_bubble import SplitBackward
 from shared.layout import inputs_to_channels_last
 from shared.resolve import IGNORE_INDEX
@@ -82,88 +80,46 @@ class StepStats:
     losses: list[float] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Peers:
-    """How a worker finds ranks: (stage, replica) -> rank."""
-
-    ranks: tuple[tuple[int, ...], ...]
-
-    def rank(self, worker: tuple[int, int]) -> int:
-        return self.ranks[worker[0]][worker[1]]
-
-    def of_unit(self, stage: int, unit: int) -> int:
-        replicas = self.ranks[stage]
-        return replicas[unit % len(replicas)]
-
-
 class Worker:
     """Executes a worker's instructions; see ``DISPATCH`` for what each kind does."""
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        stage: StageModule,
-        replica: int,
-        part: Partition,
-        specs: dict[str, ValueSpec],
-        peers: Peers,
-        units: Units,
-        loss_fn: Callable[[Any, Any], torch.Tensor],
-        optimizer: torch.optim.Optimizer | None,
-        versions: WeightVersions,
-        comm: Transport,
-        group: Any,
-        device: torch.device,
-        dtype: torch.dtype,
-        loss_scale: float,
-        average_replicas: bool,
-        updates_per_step: int = 1,
-        vertical_sync: bool,
-        record: bool,
-        recompute: bool = False,
-        lr_at: Callable[[int], float] | None = None,
-        trace: bool = False,
-        channels_last: bool = False,
-        split_backward: bool = False,
-        next_token: bool = False,
-    ) -> None:
-        self.rank = rank
-        self.stage = stage
-        self.s = stage.index
-        self.replica = replica
-        self.part = part
-        self.specs = specs
-        self.peers = peers
-        self.units = units
-        self.loss_fn = loss_fn
-        self.next_token = next_token  # the loss scores logits at t against labels at t + 1 (causal_lm)
-        self.optimizer = optimizer
-        self.versions = versions
+    def __init__(self, config: WorkerConfig, comm: Transport) -> None:
+        c = config
+        self.config = config
+        self.rank = c.rank
+        self.stage = c.stage
+        self.s = c.stage.index
+        self.replica = c.replica
+        self.part = c.part
+        self.specs = c.specs
+        self.peers = c.peers
+        self.units = c.units
+        self.loss_fn = c.loss_fn
+        self.next_token = c.next_token  # the loss scores logits at t against labels at t + 1 (causal_lm)
+        self.optimizer = c.optimizer
+        self.versions = c.versions
         self.comm = comm
-        self.group = group
-        self.device = device
-        self.dtype = dtype
-        self.loss_scale = loss_scale
-        # Optimizer updates this worker makes in one step of the run (pdrun.runner.units_per_step):
-        # one, but lcm(replicas) / replicas on a 1f1b stage with fewer replicas than another. A metrics
-        # row covers one step of the run.
-        self.updates_per_step = updates_per_step
-        self.average_replicas = average_replicas
-        self.vertical_sync = vertical_sync
-        self.record = record
-        self.lr_at = lr_at
-        self.trace = trace  # keep one timeline event per instruction
-        self.channels_last = channels_last  # 4-d batch inputs go channels-last (shared.layout)
-        self.recompute = recompute  # testing: no stash, the backward recomputes on the latest weights
+        self.group = c.group
+        self.device = c.device
+        self.dtype = c.dtype
+        self.loss_scale = c.loss_scale
+        # Optimizer updates this worker makes in one step of the run (pdrun.shape.updates_per_step).
+        self.updates_per_step = c.updates_per_step
+        self.average_replicas = c.average_replicas
+        self.vertical_sync = c.vertical_sync
+        self.record = c.record
+        self.lr_at = c.lr_at
+        self.trace = c.trace  # keep one timeline event per instruction
+        self.channels_last = c.channels_last  # 4-d batch inputs go channels-last (shared.layout)
+        self.recompute = c.recompute  # testing: no stash, the backward recomputes on the latest weights
         # Replicas: the gradient all-reduce, started in buckets during the backward (pdrun/overlap.py).
         self.reducer = (
             OverlappedAllReduce(
-                versions.live,
-                average_replicas,
-                partial(comm.replica_sum, self.s, peers.ranks[self.s], group),
+                c.versions.live,
+                c.average_replicas,
+                partial(comm.replica_sum, self.s, c.peers.ranks[self.s], c.group),
             )
-            if group is not None
+            if c.group is not None
             else None
         )
         # Whether an all-reduce follows the backward running now (the last before it: its buckets start early).
@@ -177,13 +133,13 @@ class Worker:
         self.inbox_version: dict[int, int] = {}
         self.grads: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.outbox: dict[tuple[Kind, int, int], list[torch.Tensor]] = {}
-        self.steps = 0  # this worker's own optimizer updates
+        self.steps = c.steps  # this worker's own optimizer updates
         self.stats = StepStats(time.perf_counter())
         self.step_rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.version_log: list[dict[str, Any]] = []
-        self.on_step: Callable[[dict[str, Any]], None] | None = None
-        self.tied: TiedGradients | None = None  # parameters other stages hold too (pdrun/tied.py)
+        self.on_step = c.on_step
+        self.tied = c.tied  # parameters other stages hold too (pdrun/tied.py)
         self.DISPATCH: dict[Kind, Callable[[Instr], None]] = {
             Kind.FORWARD: self.forward,
             Kind.BACKWARD: self.backward,
@@ -194,7 +150,7 @@ class Worker:
             Kind.ALLREDUCE: self.allreduce,
             Kind.STEP: self.step,
         }
-        if split_backward:  # zero bubble: B takes the input gradients, W the weight gradients
+        if c.split_backward:  # zero bubble: B takes the input gradients, W the weight gradients
             self.split = SplitBackward(self)
             self.DISPATCH[Kind.BACKWARD] = self.split.backward_input
             self.DISPATCH[Kind.WEIGHT] = self.split.backward_weight

@@ -19,7 +19,7 @@ from pdplan.cli import main as pdplan_main
 from pdprof.cli import main as pdprof_main
 from pdrun.config import RunConfig
 from pdrun.launch import launch
-from pdrun.runner import WorkerResult
+from pdrun.result import WorkerResult
 from shared.plan import Plan, Stage, load_plan
 
 FLUSH = ["--schedule", "1f1b-flush", "--microbatches", "4"]

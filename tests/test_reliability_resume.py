@@ -104,7 +104,8 @@ def test_flush_resume_after_a_kill_mid_step_equals_the_uninterrupted_run(tmp_pat
         str(tmp_path / "resumed.parquet"),
         *opts,
     )
-    assert summary["resumed_from_step"] == 6 and summary["units"] == 10 * M
+    # The summary counts what this invocation ran (4 steps), after the checkpoint's 6; the metrics' steps continue.
+    assert summary["resumed_from_step"] == 6 and summary["steps"] == 4 and summary["units"] == 4 * M
     resumed = losses(tmp_path / "resumed.parquet")
     assert sorted(resumed) == [6, 7, 8, 9]
     assert all(resumed[s] == full[s] for s in resumed), (resumed, full)  # bit for bit
@@ -203,13 +204,37 @@ def test_1f1b_drains_at_each_checkpoint_and_resumes_like_the_run_that_was_not_st
 
 
 @pytest.mark.timeout(120)
-def test_resumed_throughput_counts_only_the_units_this_run_trained(tmp_path: Path) -> None:
-    # The summary's units count from the checkpoint's (6 steps), but the run trained 2 steps: its samples/s
-    # is of those (before the fix, a 2bw run resumed at step 8 of 10 claimed 3257 samples/s against ~900).
+def test_a_resumed_run_counts_only_the_steps_and_units_it_trained(tmp_path: Path) -> None:
+    # Resumed at step 6 for 2 more steps: the summary and its one line say 2 steps (and the units and samples
+    # of those), resumed from step 6; before the fix they said 8 steps, the checkpoint's counted in. Its
+    # samples/s is of those 2 steps too (before an earlier fix, a 2bw run resumed at step 8 of 10 claimed
+    # 3257 samples/s against ~900).
     plan, ck = make_plan(tmp_path, "1f1b-flush"), tmp_path / "ck"
     train(plan, "--steps", "6", "--checkpoint-dir", str(ck), "--checkpoint-every", "3")
-    summary = train(plan, "--steps", "2", "--resume", "--checkpoint-dir", str(ck))
-    assert summary["resumed_from_step"] == 6 and summary["units"] == 8 * M
+    metrics = tmp_path / "resumed.parquet"
+    res = CliRunner().invoke(
+        main,
+        [
+            str(plan),
+            "--no-val",
+            "--steps",
+            "2",
+            "--resume",
+            "--checkpoint-dir",
+            str(ck),
+            "--metrics",
+            str(metrics),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["resumed_from_step"] == 6 and summary["steps"] == 2
+    assert summary["units"] == 2 * M and summary["samples"] == 2 * M * 8
+    [line] = [ln for ln in res.stderr.splitlines() if " steps of " in ln]  # type: ignore[attr-defined]
+    assert line.startswith("pdrun: 2 steps of 1f1b-flush on 2 workers (resumed from step 6), final loss "), (
+        line
+    )
+    assert sorted(losses(metrics)) == [6, 7]  # the metrics' steps are the training's: they continue from 6
     rate, wall = summary["samples_per_s"], summary["train_s"]
     assert isinstance(rate, float) and isinstance(wall, float)
     assert rate * wall == pytest.approx(2 * M * 8, rel=1e-9)  # 2 steps of M units of batch 8

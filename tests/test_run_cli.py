@@ -73,12 +73,13 @@ def test_run_writes_summary_metrics_timeline_and_checkpoints(tmp_path: Path) -> 
     assert "stem.weight" in states[0]["model"] and "head.weight" in states[1]["model"]
     assert not set(states[0]["model"]) & set(states[1]["model"])
 
-    # Resume: two more steps continue from the checkpoints (units 4 and 5).
+    # Resume: two more steps continue from the checkpoints (units 4 and 5); the summary counts those two.
     res = CliRunner().invoke(
         main, [str(plan), "--steps", "2", "--checkpoint-dir", str(ck), "--resume", "-q", "--no-val"]
     )
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["units"] == 6
+    resumed = json.loads(res.stdout)
+    assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 2 and resumed["units"] == 2
     assert torch.load(ck / "step-000006" / "stage1.pt", weights_only=True)["units"] == 6
 
 

@@ -16,7 +16,7 @@ from pdrun.config import Dtype, Optimizer, RunConfig
 from pdrun.launch import launch
 from pdrun.metrics import transport_of
 from pdrun.plans import cut_plan
-from pdrun.runner import WorkerResult
+from pdrun.result import WorkerResult
 from shared.host import send_thread_pays
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec

@@ -16,7 +16,7 @@ import torch
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
-from pdrun.runner import WorkerResult
+from pdrun.result import WorkerResult
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.schedule import build_program, max_in_flight
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential, unit_batch

@@ -17,7 +17,7 @@ from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.partition import partition
 from pdrun.plans import cut_plan, traced_for
-from pdrun.runner import WorkerResult
+from pdrun.result import WorkerResult
 from pdrun.tied import find_ties
 from shared.errors import PlanError
 from shared.plan import Plan

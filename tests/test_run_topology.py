@@ -23,7 +23,7 @@ def test_replicated_stage_trains_and_replicas_stay_identical() -> None:
     # 3 workers: stage 0 on ranks 0 and 1 (units round-robin), stage 1 on rank 2.
     plan = cut_plan(RESMLP, [6], batch_size=16, schedule="1f1b", replicas=[2, 1])
     assert plan.world_size == 3 and plan.in_flight == 2
-    # A step of this plan is one round of 2 units (lcm of the replicas, runner.units_per_step): 20 steps, 40 units.
+    # A step of this plan is one round of 2 units (lcm of the replicas, shape.units_per_step): 20 steps, 40 units.
     results = launch(plan, RunConfig(steps=20, lr=0.1, momentum=0.9, record=True, validate=False))
     assert results is not None and len(results) == 3
     r0, r1 = sorted((r for r in results if r.stage == 0), key=lambda r: r.replica)

@@ -1,0 +1,66 @@
+"""The progress bar: steps done, the last loss and throughput, drawn by one worker of the last stage."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdrun.config import RunConfig
+
+
+class Progress:
+    """A rich progress bar with loss and throughput, drawn by one worker of the last stage.
+
+    It shows the loss and throughput of the last step in which the drawing worker ran a unit.
+    """
+
+    def __init__(self, cfg: RunConfig, show: bool, total: int) -> None:
+        """A bar of ``total`` steps, if ``show`` and ``--quiet`` was not given; it draws from :meth:`start`."""
+        self.bar: Any = None
+        self.task: Any = None
+        self.total = total
+        self.info = ""  # what the bar shows: the last step that had a loss
+        if not (show and cfg.progress):
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
+        from shared.cli import rich_console
+
+        self.bar = Bar(
+            TextColumn("[bold]pdrun"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=rich_console(),
+            transient=False,
+        )
+
+    def start(self) -> None:
+        """Draw from now on (the worker is built: the elapsed time is the run's)."""
+        if self.bar is not None:
+            self.task = self.bar.add_task("train", total=self.total, info="")
+            self.bar.start()
+
+    def step(self, row: dict[str, Any]) -> None:
+        """One step done; ``row`` is the worker's metrics row of it."""
+        if self.bar is None:
+            return
+        # A replica of the last stage can run no unit in a step (a flushing schedule with fewer units
+        # per step than the stage has replicas): its row's loss is NaN, and the bar keeps the last real one.
+        if not math.isnan(row["loss"]):
+            self.info = f"loss {row['loss']:.4f}  {row['samples_per_s']:.0f} samples/s"
+        self.bar.update(self.task, advance=1, info=self.info)
+
+    def validated(self, entry: dict[str, Any]) -> None:
+        """Print one epoch's validation loss and accuracy above the bar."""
+        if self.bar is not None and entry["count"]:
+            acc = entry["correct"] / entry["scored"] if entry["scored"] else 0.0
+            self.bar.console.print(
+                f"epoch {entry['epoch']}: val loss {entry['loss_sum'] / entry['count']:.4f}, accuracy {acc:.2%}"
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,65 @@
+"""The progress bar shows the last step's real loss, also when the worker drawing it ran no unit in that step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pdrun.config import RunConfig
+from pdrun.launch import launch
+from pdrun.plans import cut_plan
+from pdrun.progress import Progress
+from shared.spec import RunSpec
+
+
+def shown(progress: Progress) -> str:
+    """The text the bar shows beside its count."""
+    info: str = progress.bar.tasks[0].fields["info"]
+    return info
+
+
+@pytest.mark.timeout(120)
+def test_the_bar_keeps_the_last_real_loss_when_its_replica_ran_no_unit(tmp_path: Path) -> None:
+    # 1f1b-flush with one unit per step on a last stage of two replicas: replica 0 runs the units of the
+    # even steps only, so its row of step 1 (the last) has no loss. Before the fix the bar ended "loss nan".
+    spec = RunSpec(model="zoo:resmlp", model_args={"width": 32, "depth": 1}, data="zoo:digits")
+    plan = cut_plan(spec, [2], batch_size=8, schedule="1f1b-flush", microbatches=1, replicas=[1, 2])
+    results = launch(plan, RunConfig(steps=2, validate=False, timeout_s=60.0, progress=False))
+    assert results is not None
+    drawer = next(r for r in results if r.stage == 1 and r.replica == 0)  # the worker that draws the bar
+    assert [row["step"] for row in drawer.rows] == [0, 1]
+    assert not math.isnan(drawer.rows[0]["loss"]) and math.isnan(drawer.rows[1]["loss"])
+
+    progress = Progress(RunConfig(progress=True), True, 2)
+    progress.start()
+    try:
+        for row in drawer.rows:
+            progress.step(row)
+    finally:
+        progress.close()
+    assert progress.bar.tasks[0].completed == 2
+    assert shown(progress).startswith(f"loss {drawer.rows[0]['loss']:.4f}  "), shown(progress)
+    assert "nan" not in shown(progress)
+
+
+def test_the_bar_shows_each_step_with_a_loss() -> None:
+    progress = Progress(RunConfig(progress=True), True, 3)
+    progress.start()
+    try:
+        progress.step({"loss": 2.5, "samples_per_s": 100.0})
+        assert shown(progress) == "loss 2.5000  100 samples/s"
+        progress.step({"loss": 1.25, "samples_per_s": 80.0})
+        assert shown(progress) == "loss 1.2500  80 samples/s"
+    finally:
+        progress.close()
+
+
+def test_no_bar_under_quiet_or_off_the_drawing_worker() -> None:
+    for cfg, show in ((RunConfig(progress=False), True), (RunConfig(progress=True), False)):
+        progress = Progress(cfg, show, 3)
+        progress.start()
+        progress.step({"loss": 1.0, "samples_per_s": 1.0})  # nothing to draw on: no error either
+        progress.close()
+        assert progress.bar is None
