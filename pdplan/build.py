@@ -50,6 +50,7 @@ class PlanConfig:
     straight: bool = False
     schedule: str = "1f1b"  # or "auto": pdplan.auto's search over partitions, schedules and M
     microbatches: int | None = None
+    virtual_stages: int | None = None  # auto: the only V interleaved-1f1b is tried at (pdplan.auto)
     optimizer: str = "sgd"  # sgd, momentum or adam: its state in the memory model
     cost_model: str = "pipedream"
     max_states: int = 500_000
@@ -161,6 +162,9 @@ class Partition:
     states: int | None = None
     search: str | None = None
     antichain_states: int | None = None
+    chunks: int = (
+        1  # interleaved-1f1b's V: stage_nodes then lists V x N chunks, chunk c of worker w at c N + w
+    )
 
 
 def dp_partition(graph: LayerGraph, config: PlanConfig) -> Partition:
@@ -219,6 +223,12 @@ def make_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
 
 def over_memory(plan: Plan, limit: float) -> str | None:
     """One line naming the stage of ``plan`` that needs more than ``limit`` bytes, or None if all fit."""
+    if plan.virtual_stages > 1:
+        peaks = worker_peaks(plan)
+        worst = max(range(len(peaks)), key=lambda w: peaks[w])
+        if peaks[worst] > limit:
+            return f"graph: no plan fits --memory {limit:g} bytes per worker: {memory_text(plan, worst)}"
+        return None
     for s, stage in enumerate(plan.stages):
         pred = stage.predicted
         if pred is not None and pred.memory is not None and pred.memory.total_bytes > limit:
@@ -226,8 +236,31 @@ def over_memory(plan: Plan, limit: float) -> str | None:
     return None
 
 
+def worker_peaks(plan: Plan) -> list[float]:
+    """Each worker's predicted bytes: its stage's, or under interleaved-1f1b the sum of its V chunks'."""
+    workers = len(plan.stages) // plan.virtual_stages
+    peaks = [0.0] * workers
+    for s, stage in enumerate(plan.stages):
+        peaks[s % workers] += stage.predicted.memory_bytes if stage.predicted is not None else 0.0
+    return peaks
+
+
 def memory_text(plan: Plan, s: int) -> str:
-    """``stage 1 of the 1f1b plan (2 stages) needs 33.2 MB (weights 2 x 11.1 MB, ...)``."""
+    """``stage 1 of the 1f1b plan (2 stages) needs 33.2 MB (weights 2 x 11.1 MB, ...)``.
+
+    Under interleaved-1f1b ``s`` is a worker, which holds its V chunks: their sum.
+    """
+    if plan.virtual_stages > 1:
+        workers = len(plan.stages) // plan.virtual_stages
+        chunks = [plan.stages[c * workers + s].predicted for c in range(plan.virtual_stages)]
+        parts = [p.memory for p in chunks if p is not None and p.memory is not None]
+        return (
+            f"worker {s} of the {plan.schedule} plan ({workers} workers x {plan.virtual_stages} chunks, "
+            f"M={plan.microbatches}) needs {sum(m.total_bytes for m in parts) / 1e6:.3g} MB (weights "
+            f"{sum(m.weight_bytes for m in parts) / 1e6:.3g} MB, gradients and optimizer "
+            f"{sum(m.gradient_bytes + m.optimizer_bytes for m in parts) / 1e6:.3g} MB, activations "
+            f"{sum(m.activation_bytes for m in parts) / 1e6:.3g} MB over its chunks)"
+        )
     pred = plan.stages[s].predicted
     assert pred is not None and pred.memory is not None
     m = pred.memory

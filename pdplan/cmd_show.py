@@ -112,7 +112,7 @@ def show(plan: str, graph_path: str | None) -> None:
             f"{pr.speedup_over_data_parallel:.2f}x" if pr.speedup_over_data_parallel is not None else "n/a"
         )
         console.print(
-            f"predicted: {_ms(pr.time_per_minibatch_s)} ms per minibatch (bottleneck stage {pr.bottleneck_stage}), "
+            f"predicted: {_ms(pr.time_per_minibatch_s)} ms per minibatch ({_bottleneck(p)}), "
             f"data parallelism {_ms(pr.data_parallel_time_per_minibatch_s)} ms: [bold]speedup over data parallelism "
             f"{speed}[/]" + (f"; {search_text(pr)}" if pr.states else "") + simulated_text(pr, "; ")
         )
@@ -126,6 +126,16 @@ def show(plan: str, graph_path: str | None) -> None:
             f"{_ms(dp_time)} ms: [bold]speedup over data parallelism {speed}[/]; schedule simulated: "
             f"{_ms(simulated)} ms/minibatch"
         )
+
+
+def _bottleneck(p: Plan) -> str:
+    """``bottleneck stage 2``; under interleaved-1f1b the worker, which runs V of the stages (its chunks)."""
+    stage = p.predicted.bottleneck_stage if p.predicted is not None else None
+    if p.virtual_stages == 1 or stage is None:
+        return f"bottleneck stage {stage}"
+    workers = len(p.stages) // p.virtual_stages
+    chunks = ", ".join(str(s) for s in range(stage % workers, len(p.stages), workers))
+    return f"bottleneck worker {stage % workers}, its chunks stages {chunks}"
 
 
 def _memory_cells(m: StageMemory | None) -> list[str]:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from shared.graph import LayerGraph
 from shared.plan import Plan, StageMemory
-from shared.schedule import ScheduleError, build_program, max_in_flight
+from shared.schedule import Instr, Kind, ScheduleError, build_program, max_in_flight
 
 # Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
 # momentum is set; Adam keeps exp_avg and exp_avg_sq).
@@ -79,8 +79,8 @@ def held_units(plan: Plan) -> list[int]:
         plan.in_flight if plan.schedule == "1f1b" else None,
         v,
     )
-    # A chunk of an interleaved worker: the worker's count (its chunks' units together, an upper bound).
-    return [held[s % workers] for s in range(len(plan.stages))]
+    # Interleaved: ``held`` is per virtual stage (chunk c of worker w at c * workers + w), as stages lists them.
+    return [held[s] if len(held) == len(plan.stages) else held[s % workers] for s in range(len(plan.stages))]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -90,8 +90,11 @@ def _held(
     """Read off the program pdrun runs, over enough units that the peak is reached: one flush
     step, or a 1F1B run well past its warm-up at every stage."""
     period = math.lcm(*replicas, microbatches)
-    if schedule in ("1f1b", "2bw"):
+    if schedule == "1f1b":
         wanted = 2 * ((in_flight or microbatches) + len(replicas)) * max(replicas) * max(1, microbatches)
+    elif schedule == "2bw":
+        # 1F1B's order, whose peak is its warm-up (at most M units, 2bw's rule): a few steps past it.
+        wanted = 2 * (microbatches + len(replicas)) * max(replicas)
     else:
         wanted = microbatches
     units = -(-wanted // period) * period
@@ -102,8 +105,23 @@ def _held(
     except ScheduleError:
         # Options this schedule refuses (pdplan.more_schedules fixes them after the DP): all M held.
         return tuple(max(1, microbatches) for _ in replicas)
+    if chunks > 1:
+        # Each chunk holds the units it forwarded and has not backwarded: counted per chunk.
+        return tuple(_chunk_peak(program[(s, 0)], c) for c in range(chunks) for s in range(len(replicas)))
     peaks = max_in_flight(program)
     return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
+
+
+def _chunk_peak(instrs: Sequence[Instr], chunk: int) -> int:
+    """The most units chunk ``chunk`` of a worker holds at once (forwarded, not yet backwarded)."""
+    live = peak = 0
+    for ins in instrs:
+        if ins.chunk == chunk and ins.kind is Kind.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif ins.chunk == chunk and ins.kind is Kind.BACKWARD:
+            live -= 1
+    return peak
 
 
 def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[int]) -> list[StageMemory]:

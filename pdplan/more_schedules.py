@@ -12,13 +12,14 @@ other) and puts chunk c of worker w at ``stages[c * S + w]`` on worker w's rank
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
-from pdplan.build import PlanConfig, make_plan
+from pdplan.build import PlanConfig, make_plan, over_memory, with_memory
 from pdplan.costs import allreduce_s, data_parallel_time
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
-from shared.plan import Plan
+from shared.plan import Level, Plan, StagePrediction
 from shared.schedule import make_pipeline, pipeline
 from shared.schedule_more import two_bw_depth
 
@@ -27,6 +28,14 @@ def plan_for(graph: LayerGraph, config: PlanConfig, virtual_stages: int | None =
     """The plan of ``config``'s schedule: ``make_plan``, or its chunked / 2BW form; UserError on bad options."""
     if config.schedule == "interleaved-1f1b":
         return make_interleaved_plan(graph, config, 2 if virtual_stages is None else virtual_stages)
+    if config.schedule == "auto":
+        if virtual_stages is not None and virtual_stages > 1 and len(config.workers) != 1:
+            raise UserError(
+                f"--virtual-stages: interleaved-1f1b plans one level of workers, got --workers "
+                f"{','.join(map(str, config.workers))}; drop --virtual-stages or give one level"
+            )
+        # auto tries interleaved-1f1b at this V only (V = 1: not at all), pdplan.auto.
+        return make_plan(graph, replace(config, virtual_stages=virtual_stages))
     if virtual_stages not in (None, 1):
         raise UserError(
             f"--virtual-stages: {config.schedule} runs one model chunk per worker; "
@@ -41,7 +50,11 @@ def plan_for(graph: LayerGraph, config: PlanConfig, virtual_stages: int | None =
 
 def two_bw_microbatches(plan: Plan) -> int:
     """2BW's default step: the fewest microbatches >= the units in flight, a multiple of every stage's replicas."""
-    replicas = [s.replicas for s in plan.stages]
+    return two_bw_least([s.replicas for s in plan.stages])
+
+
+def two_bw_least(replicas: Sequence[int]) -> int:
+    """:func:`two_bw_microbatches` of stages with these replicas."""
     least = max(len(replicas), two_bw_depth(pipeline(replicas)))
     step = math.lcm(*replicas)
     return -(-least // step) * step
@@ -55,18 +68,16 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             f"--virtual-stages: interleaved-1f1b plans one level of workers, got --workers "
             f"{','.join(map(str, config.workers))}; give one level (e.g. --workers 4 --bandwidth 1e10)"
         )
-    if config.memory is not None:
-        raise UserError(
-            "--memory: the memory limit is not modelled for interleaved-1f1b's chunks yet (a worker holds V "
-            "of them); plan without --memory"
-        )
     if v < 2:
         raise UserError(f"--virtual-stages: interleaved-1f1b needs at least 2 chunks per worker, got {v}")
     n = config.workers[0]
     if n < 2:
         raise UserError(f"--workers: interleaved-1f1b needs at least 2 workers, got {n}")
     try:
-        chunks = make_plan(graph, replace(config, workers=(n * v,), straight=True, microbatches=None))
+        # The paper's memory rule counts n * v workers of one chunk each: the limit is checked per worker below.
+        chunks = make_plan(
+            graph, replace(config, workers=(n * v,), straight=True, microbatches=None, memory=None)
+        )
     except PlanError as err:
         if "layers to split" not in str(err):
             raise
@@ -76,20 +87,49 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             f"{v} x {n} = {n * v} chunks of consecutive layers, more than it has layers to split; "
             "lower --virtual-stages or --workers"
         ) from None
-    stages = [stage.model_copy(update={"ranks": [s % n]}) for s, stage in enumerate(chunks.stages)]
-    levels = config.levels()
-    # A worker runs its V chunks one after another: its time is their sum (the DP balanced the chunks).
-    per_worker = [sum(st.predicted.time_s for st in stages[w::n] if st.predicted) for w in range(n)]
-    t = max(per_worker)
+    plan = interleave(graph, chunks, config.levels(), v, config.microbatches or n, config.straight)
+    _check_schedule(plan)
+    if config.memory is not None:
+        over = over_memory(plan, config.memory)
+        if over is not None:
+            raise PlanError(over + "; raise --memory, add workers, or let pdplan search (--schedule auto)")
+    return plan
+
+
+def interleave(
+    graph: LayerGraph,
+    flat: Plan,
+    levels: list[Level],
+    chunks: int,
+    microbatches: int,
+    straight: bool,
+    memory: bool = True,
+) -> Plan:
+    """``flat``'s ``chunks x workers`` stages as interleaved-1f1b's chunks: chunk c of worker w at ``stages[c N + w]``.
+
+    Each chunk runs on its worker's rank; a worker's predicted time is its chunks' (see
+    :func:`worker_bounds`), and the memory model counts what each chunk holds under the
+    interleaved program (``pdplan.memory``), a worker's memory being its chunks' sum
+    (``memory=False``: left as ``flat``'s, for a caller that adds it later with ``with_memory``).
+    """
+    n, v = math.prod(level.workers for level in levels), chunks
+    assert flat.predicted is not None and flat.cluster is not None
+    stages = [stage.model_copy(update={"ranks": [s % n]}) for s, stage in enumerate(flat.stages)]
+    costs = [st.predicted for st in stages]
+    bounds = worker_bounds([bounds_of(c) for c in costs], n)
+    worst = max(range(n), key=lambda w: bounds[w])
+    t = bounds[worst]
+    # The stage field names a stage (bench/bench_predict.py reads stages[bottleneck_stage]): the
+    # bottleneck worker's slowest chunk.
+    slowest = max(range(worst, len(stages), n), key=lambda s: max(bounds_of(costs[s])))
     compute = sum(st.predicted.compute_s for st in stages if st.predicted)
     params = sum(st.predicted.parameter_bytes for st in stages if st.predicted)
     dp = data_parallel_time(compute, params, levels)
-    assert chunks.predicted is not None and chunks.cluster is not None
-    predicted = chunks.predicted.model_copy(
+    predicted = flat.predicted.model_copy(
         update={
             "time_per_minibatch_s": t,
             "throughput_samples_per_s": graph.batch_size / t if t > 0 else None,
-            "bottleneck_stage": max(range(n), key=lambda w: per_worker[w]),
+            "bottleneck_stage": slowest,
             "data_parallel_time_per_minibatch_s": dp,
             "data_parallel_throughput_samples_per_s": graph.batch_size / dp if dp > 0 else None,
             "data_parallel_communication_bytes_per_sample": allreduce_s(params, n, 1.0) / graph.batch_size,
@@ -97,21 +137,41 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
         }
     )
     plan = Plan.model_validate(
-        chunks.model_copy(
+        flat.model_copy(
             update={
                 "schedule": "interleaved-1f1b",
-                "microbatches": config.microbatches or n,
+                "microbatches": microbatches,
                 "in_flight": n,
                 "virtual_stages": v,
                 "world_size": n,
                 "stages": stages,
-                "cluster": chunks.cluster.model_copy(update={"levels": levels, "straight": config.straight}),
+                "cluster": flat.cluster.model_copy(update={"levels": levels, "straight": straight}),
                 "predicted": predicted,
             }
         ).model_dump()
     )
-    _check_schedule(plan)
-    return plan
+    return with_memory(plan, graph) if memory else plan
+
+
+def bounds_of(pred: StagePrediction | None) -> tuple[float, float]:
+    """A stage's (time, communication) terms of the paper's cost, zero when it has no prediction."""
+    return (0.0, 0.0) if pred is None else (pred.time_s, pred.communication_s)
+
+
+def worker_bounds(stage_terms: Sequence[tuple[float, float]], workers: int) -> list[float]:
+    """Per worker of an interleaved plan, the paper's bound summed over its chunks: ``max(sum time, sum comm)``.
+
+    ``stage_terms`` are each chunk's (time, communication) (``pdplan.costs.StageCost``): a
+    worker runs its V chunks one after another, and its link carries every chunk's cuts, so
+    both its compute and its transfers add up, the larger bounding the worker as
+    ``StageCost.bound_s`` bounds a stage.
+    """
+    time = [0.0] * workers
+    comm = [0.0] * workers
+    for s, (t, c) in enumerate(stage_terms):
+        time[s % workers] += t
+        comm[s % workers] += c
+    return [max(t, c) for t, c in zip(time, comm, strict=True)]
 
 
 def _check_schedule(plan: Plan) -> None:

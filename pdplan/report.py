@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pdplan.costs import StageCost, data_parallel_time, stage_costs
+from pdplan.more_schedules import worker_bounds
 from pdplan.problem import prepare_layers
 from pdplan.schedule_sim import simulate_plan
 from shared.errors import PlanError
@@ -15,7 +16,8 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
 
     Uses the plan's cluster; layers the optimizer sets aside (inputs, dangling tuple
     indexing) cost nothing, as in the DP. For a one-level cluster the bottleneck equals
-    what the DP reports for the same stages.
+    what the DP reports for the same stages; for interleaved-1f1b it is the busiest
+    worker's, over its chunks, as ``pdplan.more_schedules.interleave`` predicts it.
     """
     cluster = plan.cluster
     if cluster is None:
@@ -32,7 +34,12 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
     costs = stage_costs(
         problem, stage_nodes, [stage.ranks for stage in plan.stages], cluster.levels, transfers
     )
-    bottleneck = max(c.bound_s for c in costs)
+    if plan.virtual_stages > 1:
+        # A worker runs its V chunks: its chunks' terms add up (pdplan.more_schedules.worker_bounds).
+        workers = len(plan.stages) // plan.virtual_stages
+        bottleneck = max(worker_bounds([(c.time_s, c.communication_s) for c in costs], workers))
+    else:
+        bottleneck = max(c.bound_s for c in costs)
     total_c = sum(problem.compute_s)
     total_p = sum(problem.parameter_bytes)
     return costs, bottleneck, data_parallel_time(total_c, total_p, cluster.levels)
