@@ -24,6 +24,7 @@ earlier candidate.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -31,18 +32,29 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from pdplan.antichain import cut_bytes
-from pdplan.build import Partition, PlanConfig, assemble, dp_partition, memory_text, over_memory, with_memory
+from pdplan.build import (
+    Partition,
+    PlanConfig,
+    assemble,
+    dp_partition,
+    memory_text,
+    over_memory,
+    with_memory,
+    worker_peaks,
+)
 from pdplan.costs import allreduce_s, span_bandwidth
 from pdplan.memory import held_units
+from pdplan.more_schedules import interleave, two_bw_least
 from pdplan.problem import Problem, prepare_layers
-from pdplan.schedule_sim import simulate_plan, stage_costs
+from pdplan.schedule_sim import chunked_costs, simulate_plan, split_backward, stage_costs
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Alternative, Plan
-from shared.schedule import Instr, Kind, ScheduleError
+from shared.schedule import Instr, Kind, ScheduleError, make_pipeline
 from shared.simulate import Costs
 
-SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")
+SCHEDULES = ("1f1b", "1f1b-flush", "gpipe", "zb-h1", "2bw")  # one model chunk per worker
+VIRTUAL_STAGES = (2, 3, 4)  # the V interleaved-1f1b tries (one level of workers), unless --virtual-stages
 # Every partition of a graph this small is tried (past it, or past the budget, the DP's few).
 EXHAUSTIVE_NODES = 10
 EXHAUSTIVE_PARTITIONS = 400
@@ -96,6 +108,7 @@ def auto_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
         Alternative(
             schedule=t.plan.schedule,
             microbatches=t.plan.microbatches,
+            virtual_stages=t.plan.virtual_stages,
             replicas=[s.replicas for s in t.plan.stages],
             stage_layers=[len(s.layers) for s in t.plan.stages],
             simulated_time_per_minibatch_s=t.time_s,
@@ -150,7 +163,7 @@ def _distinct_partitions(tried: Sequence[Tried], count: int) -> list[Tried]:
     out: list[Tried] = []
     seen = set()
     for t in sorted(tried, key=lambda t: (t.time_s, t.memory_bytes, t.order)):
-        key = (tuple(map(tuple, t.part.stage_nodes)), tuple(map(tuple, t.part.ranks)))
+        key = (tuple(map(tuple, t.part.stage_nodes)), tuple(map(tuple, t.part.ranks)), t.part.chunks)
         if key not in seen:
             seen.add(key)
             out.append(t)
@@ -174,41 +187,67 @@ class _Search:
 
     def run(self, parts: Sequence[Partition], choices: Sequence[tuple[str, int]] | None = None) -> None:
         graph, config = self.graph, self.config
-        pending: list[tuple[float, int, Plan, Partition]] = []
+        pending: list[tuple[float, int, Plan, Partition, bool]] = []
         for part in parts:
-            key = (tuple(map(tuple, part.stage_nodes)), tuple(map(tuple, part.ranks)))
+            key = (tuple(map(tuple, part.stage_nodes)), tuple(map(tuple, part.ranks)), part.chunks)
             if key in self.seen:
                 continue
             self.seen.add(key)
-            base = assemble(graph, config, part, "1f1b", config.microbatches or 1)
-            costs, edges = stage_costs(graph, base)
-            for schedule, m in choices or list(schedule_choices(config, len(part.stage_nodes))):
-                plan = (
-                    base
-                    if schedule == "1f1b"
-                    else with_memory(base.model_copy(update={"schedule": schedule, "microbatches": m}), graph)
+            if part.chunks > 1:
+                # The chunks as straight stages on V x N ranks of the one level (the same costs), then
+                # interleaved onto the N workers.
+                flat = replace(config, workers=(len(part.stage_nodes),), straight=True, memory=None)
+                base = assemble(graph, flat, part, "1f1b", 1)
+                first = interleave(
+                    graph, base, config.levels(), part.chunks, 1, config.straight, memory=False
                 )
-                if config.memory is not None and over_memory(plan, config.memory) is not None:
-                    self._note_lean(plan)
-                    continue
-                pending.append((lower_bound(plan, costs, edges), self.order, plan, part))
+                costs, edges = stage_costs(graph, first)
+                if edges != [(s, s + 1) for s in range(len(part.stage_nodes) - 1)]:
+                    continue  # interleaved-1f1b sends values only to the next chunk (pdrun refuses a skip)
+                replicas = [1] * (len(part.stage_nodes) // part.chunks)
+            else:
+                base = assemble(graph, config, part, "1f1b", config.microbatches or 1)
+                costs, edges = stage_costs(graph, base)
+                replicas = [len(r) for r in part.ranks]
+            # The memory model reads each (schedule, M)'s program: without --memory it is needed only
+            # for the candidates simulated (most are cut off by their bound), so it waits for them.
+            limit = config.memory
+            for schedule, m in choices or list(schedule_choices(config, replicas, part.chunks)):
+                if part.chunks > 1:
+                    plan = interleave(
+                        graph, base, config.levels(), part.chunks, m, config.straight, memory=False
+                    )
+                elif schedule == "1f1b":
+                    plan = base  # assemble's memory is 1f1b's
+                else:
+                    plan = base.model_copy(update={"schedule": schedule, "microbatches": m})
+                if limit is not None:
+                    plan = with_memory(plan, graph) if plan is not base else plan
+                    if over_memory(plan, limit) is not None:
+                        self._note_lean(plan)
+                        continue
+                bound = lower_bound(plan, as_run(plan, costs), edges)
+                pending.append((bound, self.order, plan, part, limit is None and plan is not base))
                 self.order += 1
         pending.sort(key=lambda c: (c[0], c[1]))
-        for bound, index, plan, part in pending:
+        for bound, index, plan, part, stale in pending:
             if bound > self.best and len(self.tried) >= ALTERNATIVES:
                 break  # sorted: no later candidate can beat the best
             try:
                 sim = simulate_plan(graph, plan)
             except ScheduleError:
                 continue  # a stage whose values reach no later stage: no schedule runs it
+            if stale:
+                plan = with_memory(plan, graph)
             self.simulated += 1
             t = max(0.0, sim.time_per_minibatch_s)
             self.best = min(self.best, t)
-            peak = max(s.predicted.memory_bytes for s in plan.stages)  # type: ignore[union-attr]
+            peak = max(worker_peaks(plan))
             self.tried.append(Tried(plan, t, min(1.0, max(0.0, sim.bubble)), peak, index, part))
 
     def _note_lean(self, plan: Plan) -> None:
-        peaks = [s.predicted.memory_bytes for s in plan.stages]  # type: ignore[union-attr]
+        # A stage's, or under interleaved-1f1b a worker's (memory_text names either).
+        peaks = worker_peaks(plan)
         if self.leanest is None or max(peaks) < self.leanest[0]:
             self.leanest = (max(peaks), memory_text(plan, peaks.index(max(peaks))))
 
@@ -247,30 +286,68 @@ def _moved(part: Partition, v: int, src: int, dst: int) -> Partition:
     return replace(part, stage_nodes=nodes, time_s=None, search="local")
 
 
-def schedule_choices(config: PlanConfig, stages: int) -> Iterator[tuple[str, int]]:
-    """(schedule, M) pairs to try for a plan of ``stages`` stages."""
-    yield "1f1b", config.microbatches or 1
-    ms = [config.microbatches] if config.microbatches else microbatch_range(stages)
-    for schedule in SCHEDULES[1:]:
-        for m in ms:
+def schedule_choices(
+    config: PlanConfig, replicas: Sequence[int], chunks: int = 1
+) -> Iterator[tuple[str, int]]:
+    """(schedule, M) pairs to try for a plan of stages with these ``replicas`` (or of ``chunks`` per worker).
+
+    Every schedule at every M of :func:`microbatch_range` (only ``--microbatches M`` when
+    given; 1 for ``1f1b``) that its generator accepts: ``2bw`` also at its least M
+    (:func:`pdplan.more_schedules.two_bw_microbatches`), and only at M >= its depth;
+    ``interleaved-1f1b`` at the multiples of the workers.
+    """
+    n = len(replicas)
+    ms = [config.microbatches] if config.microbatches else microbatch_range(n)
+    if chunks > 1:
+        names: tuple[str, ...] = ("interleaved-1f1b",)
+    else:
+        names = SCHEDULES
+    for schedule in names:
+        if schedule == "1f1b":
+            yield "1f1b", config.microbatches or 1
+            continue
+        options = ms
+        if schedule == "2bw" and not config.microbatches:
+            options = sorted({*ms, two_bw_least(replicas)})
+        for m in options:
+            try:
+                make_pipeline(schedule, replicas, microbatches=m, chunks=chunks)
+            except ScheduleError:
+                continue  # e.g. 2bw below its depth, interleaved at M not a multiple of the workers
             yield schedule, m
 
 
+def as_run(plan: Plan, costs: Costs) -> Costs:
+    """``stage_costs``' ``costs`` as ``plan``'s schedule runs them (``pdplan.schedule_sim.schedule_costs``)."""
+    if plan.virtual_stages > 1:
+        return chunked_costs(costs, plan.virtual_stages)
+    if plan.schedule == "zb-h1":
+        return split_backward(costs)
+    return costs
+
+
 def lower_bound(plan: Plan, costs: Costs, edges: Sequence[tuple[int, int]]) -> float:
-    """Seconds per unit no run of ``plan``'s schedule beats (with these costs).
+    """Seconds per unit no run of ``plan``'s schedule beats (with ``costs`` as it runs them, :func:`as_run`).
 
     A worker of stage s with r replicas computes every r-th unit, so per unit it needs at
     least its own work: under ``1f1b`` each unit's forward, backward, all-reduce and step,
-    over r. Under ``1f1b`` also Little's law: a worker holds at most k units (its peak in
-    flight) and each stays at least its round trip R (its forward, the trip to the last
-    stage and back, its backward), so r k units per R. Under a flush schedule a step at
-    stage s cannot begin before the step's first unit reached it (the fill), and the input
-    stage's step waits for s's last backward to come back (the drain): a step takes at least
-    fill + s's ``ceil(M / r)`` forwards and backwards + drain + the input stage's all-reduce
-    and step, for M units.
+    over r; under ``2bw`` the step's share of M units' forwards and backwards, one
+    all-reduce and one step. Under both also Little's law: a worker holds at most k units
+    (its peak in flight) and each stays at least its round trip R (its forward, the trip
+    to the last stage and back, its backward), so r k units per R. Under a flush schedule a
+    step at stage s cannot begin before the step's first unit reached it (the fill), and
+    the input stage's step waits for s's last backward (zb-h1: its last B; its W may
+    follow) to come back (the drain): a step takes at least fill + s's ``ceil(M / r)``
+    forwards and backwards + drain + the input stage's all-reduce and step, for M units,
+    and at least s's own work (with zb-h1's W). Under ``interleaved-1f1b`` a step takes at
+    least a worker's M units through each of its chunks and its step, and at least one
+    unit's trip through every chunk and back before the first worker's step.
     """
+    if plan.virtual_stages > 1:
+        return _interleaved_bound(plan, costs)
     n = len(plan.stages)
     f, b = costs.forward, costs.backward
+    w = costs.weight if costs.weight else [0.0] * n
     consumers: dict[int, list[int]] = {s: [] for s in range(n)}
     producers: dict[int, list[int]] = {s: [] for s in range(n)}
     for a, c in edges:
@@ -280,30 +357,94 @@ def lower_bound(plan: Plan, costs: Costs, edges: Sequence[tuple[int, int]]) -> f
     step = [costs.of(Instr(Kind.STEP, 0), s) for s in range(n)]
     reduce = [costs.of(Instr(Kind.ALLREDUCE, 0), s) for s in range(n)]
     worst = 0.0
-    if plan.schedule == "1f1b":
+    m = plan.microbatches
+    if plan.schedule in ("1f1b", "2bw"):
         held = held_units(plan)
         trip = [0.0] * n
         for s in reversed(range(n)):
             later = max((2 * costs.link(s, c) + trip[c] for c in consumers[s]), default=0.0)
             trip[s] = f[s] + b[s] + later
-            own = (f[s] + b[s] + step[s] + reduce[s]) / reps[s]
+            if plan.schedule == "1f1b":
+                own = (f[s] + b[s] + step[s] + reduce[s]) / reps[s]
+            else:
+                own = ((m // reps[s]) * (f[s] + b[s]) + step[s] + reduce[s]) / m
             worst = max(worst, own, trip[s] / (reps[s] * max(1, held[s])))
         return worst
-    m = plan.microbatches
     fill = [0.0] * n
     drain = [0.0] * n
     for s in range(n):
         fill[s] = max((fill[a] + f[a] + costs.link(a, s) for a in producers[s]), default=0.0)
         drain[s] = max((drain[a] + b[a] + costs.link(a, s) for a in producers[s]), default=0.0)
-        own = math.ceil(m / reps[s]) * (f[s] + b[s])
-        worst = max(worst, fill[s] + own + drain[s] + reduce[0] + step[0], own + reduce[s] + step[s])
+        units = math.ceil(m / reps[s])
+        worst = max(
+            worst,
+            fill[s] + units * (f[s] + b[s]) + drain[s] + reduce[0] + step[0],
+            units * (f[s] + b[s] + w[s]) + reduce[s] + step[s],
+        )
     return worst / m
+
+
+def _interleaved_bound(plan: Plan, costs: Costs) -> float:
+    """:func:`lower_bound` of an interleaved plan: a worker's own work per step, one unit's round trip."""
+    v = plan.virtual_stages
+    workers = len(plan.stages) // v
+    m = plan.microbatches
+    own = [
+        m * sum(costs.forward[c * workers + s] + costs.backward[c * workers + s] for c in range(v))
+        + costs.of(Instr(Kind.STEP, 0), s)
+        for s in range(workers)
+    ]
+    chunks = len(plan.stages)
+    trip = sum(costs.forward) + sum(costs.backward)
+    trip += 2 * sum(costs.link(k % workers, (k + 1) % workers) for k in range(chunks - 1))
+    return max(*own, trip + costs.of(Instr(Kind.STEP, 0), 0)) / m
 
 
 # ---------------------------------------------------------------------------- partitions
 
 
 def candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[Partition]:
+    """Every partition of a small graph; else the DP's proposals and balanced splits; then interleaved's chunks."""
+    return [*stage_candidates(graph, config, problem), *chunk_candidates(graph, config, problem)]
+
+
+def virtual_range(config: PlanConfig, size: int) -> list[int]:
+    """The V interleaved-1f1b is tried at: ``--virtual-stages`` or :data:`VIRTUAL_STAGES`, as many chunks as layers at most.
+
+    Only on one level of workers (as ``pdplan --schedule interleaved-1f1b``), at least two of them.
+    """
+    workers = math.prod(config.workers)
+    if len(config.workers) != 1 or workers < 2:
+        return []
+    vs = (config.virtual_stages,) if config.virtual_stages is not None else VIRTUAL_STAGES
+    return [v for v in vs if v >= 2 and v * workers <= size]
+
+
+def chunk_candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[Partition]:
+    """interleaved-1f1b's V x N chunks of one replica each (chunk c of worker w to run on rank w).
+
+    On a small graph every split into V x N stages; otherwise the DP's best for V x N
+    straight workers (what ``--schedule interleaved-1f1b`` plans) and the balanced split of
+    a topological order. Chunks that send values past the next are dropped in the search.
+    """
+    workers = math.prod(config.workers)
+    out: list[Partition] = []
+    for v in virtual_range(config, problem.size):
+        k = v * workers
+        flat = replace(config, workers=(k,), straight=True, memory=None, schedule="1f1b")
+        parts = all_partitions(problem, k, True)
+        if parts is None:
+            parts = []
+            with contextlib.suppress(UserError):
+                parts.append(dp_partition(graph, flat))
+            if problem.size <= BALANCED_MAX_NODES:
+                parts.append(balanced_split(problem, flat, k))
+        # Ranks as the V x N straight stages; the search puts chunk c of worker w on rank w.
+        out.extend(replace(part, chunks=v, time_s=None) for part in parts)
+    return out
+
+
+def stage_candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[Partition]:
     """Every partition of a small graph; else the DP's proposals and balanced splits."""
     workers = math.prod(config.workers)
     every = all_partitions(problem, workers, config.straight)

@@ -159,7 +159,7 @@ def _alternatives(p: Plan) -> Table:
     for i, alt in enumerate(p.alternatives):
         table.add_row(
             "chosen" if i == 0 else str(i + 1),
-            alt.schedule,
+            alt.schedule + (f" V={alt.virtual_stages}" if alt.virtual_stages > 1 else ""),
             str(alt.microbatches),
             "-".join(map(str, alt.replicas)),
             "-".join(map(str, alt.stage_layers)),

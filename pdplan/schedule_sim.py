@@ -152,10 +152,11 @@ def simulate_plan(graph: LayerGraph, plan: Plan) -> ScheduleFigures:
     """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster).
 
     A flushing schedule drains at every step, so its steps repeat exactly: a few of them give
-    the steady state (the quartile window of ``shared.simulate`` then spans whole steps).
+    the steady state (the quartile window of ``shared.simulate`` then spans whole steps). So
+    do 2bw's steps of M units, its warm-up (at most M units in flight) inside the first.
     """
     costs, stage_edges = schedule_costs(graph, plan)
-    units = _units(plan, MIN_STEPS if plan.schedule in ("1f1b", "2bw") else FLUSH_STEPS)
+    units = _units(plan, MIN_STEPS if plan.schedule == "1f1b" else FLUSH_STEPS)
     workers = len(plan.stages) // plan.virtual_stages
     program = build_program(
         plan.schedule,

@@ -145,6 +145,7 @@ class Alternative(Strict):
 
     schedule: Schedule
     microbatches: int = Field(ge=1)
+    virtual_stages: int = Field(default=1, ge=1, description="model chunks per worker (interleaved-1f1b)")
     replicas: list[int] = Field(min_length=1, description="replicas of each stage")
     stage_layers: list[int] = Field(min_length=1, description="how many layers each stage holds")
     simulated_time_per_minibatch_s: float = Field(ge=0)

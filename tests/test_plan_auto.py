@@ -2,8 +2,11 @@
 
 The exhaustive search here is written apart from pdplan.auto: every chain of downsets of
 the reduced DAG (every convex split into stages), every split of the workers among them on
-consecutive ranks, every schedule and every M of the search's range, each simulated with
-no pruning; the best that fits memory must be what the search chose.
+consecutive ranks, every schedule (1f1b, 1f1b-flush, gpipe, zb-h1, 2bw) and every M of the
+search's range that the schedule accepts, and every split into V x N chunks of
+interleaved-1f1b (chunk c of worker w on rank w) whose values go only to the next chunk,
+each simulated with no pruning; the best that fits memory (a worker's chunks together
+under interleaved-1f1b) must be what the search chose.
 """
 
 from __future__ import annotations
@@ -11,18 +14,20 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdplan.auto import microbatch_range
+from pdplan.auto import VIRTUAL_STAGES, microbatch_range
 from pdplan.build import Partition, PlanConfig, assemble, make_plan, with_memory
+from pdplan.more_schedules import interleave, two_bw_least
 from pdplan.problem import prepare
 from pdplan.schedule_sim import simulate_plan
 from shared.errors import PlanError
 from shared.graph import Edge, LayerGraph, Node
 from shared.plan import check_against_graph
-from shared.schedule import ScheduleError
+from shared.schedule import ScheduleError, make_pipeline
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -65,6 +70,18 @@ def _exhaustive(graph, config):
                 yield from chains([*prefix, d])
 
     best = math.inf
+
+    def consider(plan):
+        nonlocal best
+        per_worker = [0.0] * plan.world_size
+        for stage in plan.stages:
+            per_worker[stage.ranks[0]] += stage.predicted.memory.total_bytes
+        if config.memory is not None and max(per_worker) > config.memory:
+            return
+        # A stage that feeds no later one (a second model output): no schedule runs it.
+        with contextlib.suppress(ScheduleError):
+            best = min(best, simulate_plan(graph, plan).time_per_minibatch_s)
+
     for chain in itertools.chain.from_iterable(chains([d]) for d in closed):
         stages = [sorted(hi - lo) for lo, hi in zip([frozenset(), *chain[:-1]], chain, strict=True)]
         k = len(stages)
@@ -72,17 +89,36 @@ def _exhaustive(graph, config):
             bounds = (0, *cut, workers)
             ranks = [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
             base = assemble(graph, config, Partition(problem, stages, ranks), "1f1b", 1)
+            replicas = [len(r) for r in ranks]
             for schedule, m in [("1f1b", 1)] + [
-                (s, m) for s in ("1f1b-flush", "gpipe") for m in microbatch_range(k)
+                (s, m)
+                for s in ("1f1b-flush", "gpipe", "zb-h1", "2bw")
+                for m in sorted({*microbatch_range(k), *([two_bw_least(replicas)] if s == "2bw" else [])})
             ]:
-                plan = with_memory(base.model_copy(update={"schedule": schedule, "microbatches": m}), graph)
-                if config.memory is not None and any(
-                    s.predicted.memory.total_bytes > config.memory for s in plan.stages
-                ):
-                    continue
-                # A stage that feeds no later one (a second model output): no schedule runs it.
-                with contextlib.suppress(ScheduleError):
-                    best = min(best, simulate_plan(graph, plan).time_per_minibatch_s)
+                if schedule != "1f1b":
+                    try:
+                        make_pipeline(schedule, replicas, microbatches=m)
+                    except ScheduleError:
+                        continue  # 2bw below its depth or at M not a multiple of every replica count
+                consider(
+                    with_memory(base.model_copy(update={"schedule": schedule, "microbatches": m}), graph)
+                )
+        # interleaved-1f1b: k = V x N chunks, on one level of at least 2 workers.
+        if workers < 2 or k % workers or k // workers not in VIRTUAL_STAGES:
+            continue
+        owner = {layer: s for s, nodes in enumerate(stages) for v in nodes for layer in problem.layers_of(v)}
+        crossings = {
+            (owner[e.source], owner[e.target])
+            for e in graph.edges
+            if e.source in owner and e.target in owner and owner[e.source] != owner[e.target]
+        }
+        if crossings != {(s, s + 1) for s in range(k - 1)}:
+            continue  # a value skips a chunk (or a chunk feeds none): pdrun's interleaved runner refuses it
+        flat = replace(config, workers=(k,), straight=True)
+        base = assemble(graph, flat, Partition(problem, stages, [[s] for s in range(k)]), "1f1b", 1)
+        for m in microbatch_range(workers):
+            if m % workers == 0:
+                consider(interleave(graph, base, config.levels(), k // workers, m, config.straight))
     return best
 
 

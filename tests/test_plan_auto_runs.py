@@ -1,0 +1,98 @@
+"""pdrun runs what ``pdplan --schedule auto`` chooses among the second-wave schedules, exactly.
+
+zoo:resmlp is profiled for real, then its layer times are pinned (forward, backward and
+update per layer, no loss or step overhead) so that the choice is the same on any machine:
+on two workers with free links auto picks 2bw (no flush, a step per 8 units); under a
+memory limit that leaves one weight version, zb-h1. Each plan, as pdplan wrote it, trains
+in real workers (gloo, float64) and is compared with its schedule's update rule computed
+here: 2BW's W(t+1) = W(t) - lr grad f(W(t-1)) (tests/test_run_2bw.py), and for zb-h1, a
+flushing schedule, one process on batches of M x the batch size (tests/test_run_flush.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pdplan.cli import main as pdplan_main
+from pdprof.cli import main as pdprof_main
+from pdrun.config import RunConfig
+from pdrun.launch import launch
+from shared.plan import Plan, load_plan
+from tests.test_run_2bw import two_bw_by_hand
+from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RESMLP profiled, with every layer's times pinned: forward 2 ms, backward 1 ms, update 0.5 ms."""
+    path = tmp_path_factory.mktemp("auto_runs") / "graph.json"
+    args = ["--model", RESMLP.model or "", "--data", RESMLP.data or "", "--batch-size", str(BATCH)]
+    for key, value in RESMLP.model_args.items():
+        args += ["--model-arg", f"{key}={value}"]
+    res = CliRunner().invoke(pdprof_main, [*args, "--warmup", "0", "--repeats", "1", "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(path.read_text())
+    for node in doc["nodes"]:
+        if node["op"] != "input":
+            node.update(
+                forward_ms=2.0, backward_ms=1.0, update_ms=0.5 if node["parameter_bytes"] > 0 else 0.0
+            )
+    for key in doc["graph"]:
+        if key.endswith("_ms"):
+            doc["graph"][key] = 0.0
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _auto(graph: Path, *extra: str) -> Plan:
+    out = graph.with_name(f"plan{len(extra)}.json")
+    res = CliRunner().invoke(
+        pdplan_main, [str(graph), "--workers", "2", "--bandwidth", "1e12", *extra, "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "chosen by simulation" in res.stderr
+    return load_plan(out)
+
+
+@pytest.mark.timeout(300)
+def test_auto_chooses_2bw_and_pdrun_follows_its_update_rule(graph: Path) -> None:
+    plan = _auto(graph)
+    assert plan.schedule == "2bw" and plan.alternatives[0].schedule == "2bw"
+    steps, seed, lr = 4, 2, 0.3
+    results = launch(
+        plan, RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, record=True, validate=False)
+    )
+    assert results is not None and len(results) == plan.world_size
+    want, _ = two_bw_by_hand(steps, BATCH, plan.microbatches, seed, lr)
+    assert_same(pipeline_params(results), want, 1e-6)
+    assert all(r.steps == steps and r.max_versions <= 2 for r in results)
+
+
+@pytest.mark.timeout(300)
+def test_auto_under_memory_chooses_zb_h1_and_pdrun_trains_it_as_one_process(graph: Path) -> None:
+    # 2bw's second weight version and 1f1b's stash no longer fit; zb-h1 holds one, as 1f1b-flush.
+    plan = _auto(graph, "--memory", "7e4")
+    assert plan.schedule == "zb-h1", [a.schedule for a in plan.alternatives]
+    assert all(s.predicted is not None and s.predicted.memory_bytes <= 7e4 for s in plan.stages)
+    steps, seed, lr = 4, 3, 0.2
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None and len(results) == plan.world_size
+    initial, want = sequential(
+        RESMLP,
+        steps=steps,
+        batch=BATCH * plan.microbatches,
+        seed=seed,
+        dtype=torch.float64,
+        lr=lr,
+        momentum=0.9,
+    )
+    assert_same(pipeline_params(results), want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
