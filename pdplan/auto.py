@@ -141,20 +141,23 @@ def search(
     Past the first ranking, on a graph too big for every partition (and of at most
     ``BALANCED_MAX_NODES`` layers), a local search moves one
     layer across a stage boundary or one replica between neighbouring stages of the best
-    partitions while that simulates faster (``LOCAL_ROUNDS`` at most).
+    partitions while that simulates faster (``LOCAL_ROUNDS`` rounds, ``LOCAL_SIMS`` simulations at most).
     """
     state = _Search(graph, config)
     state.run(parts)
     # The local search costs a plan per neighbour: on a big graph (hundreds of layers at a boundary) not run.
     small = bool(parts) and parts[0].problem.size <= BALANCED_MAX_NODES
     if small and parts[0].search != "exhaustive":
+        # LOCAL_SIMS simulations past the first ranking, counted inside a round too (a round of three
+        # seeds' neighbours could otherwise spend dozens: GNMT's 2bw plans on 8 x 2 workers).
+        state.budget = state.attempts + LOCAL_SIMS
         for _ in range(LOCAL_ROUNDS):
             before = state.best
             for seed in _distinct_partitions(state.tried, LOCAL_SEEDS):
                 # The neighbours under the seed's own schedule and M: a layer or a replica moved.
                 choice = [(seed.plan.schedule, seed.plan.microbatches)]
                 state.run([n for n in neighbours(seed.part, config.straight)], choice)
-            if not state.best < before or state.simulated > LOCAL_SIMS:
+            if not state.best < before or state.attempts >= state.budget:
                 break
     return state.tried, state.leanest[1] if state.leanest is not None else None
 
@@ -184,6 +187,8 @@ class _Search:
         self.order = 0
         self.seen: set[tuple[object, ...]] = set()
         self.simulated = 0
+        self.attempts = 0  # simulations begun, those a ScheduleError ended included
+        self.budget = math.inf  # attempts after which run simulates no more (the local search's)
 
     def run(self, parts: Sequence[Partition], choices: Sequence[tuple[str, int]] | None = None) -> None:
         graph, config = self.graph, self.config
@@ -233,6 +238,9 @@ class _Search:
         for bound, index, plan, part, stale in pending:
             if bound > self.best and len(self.tried) >= ALTERNATIVES:
                 break  # sorted: no later candidate can beat the best
+            if self.attempts >= self.budget:
+                break
+            self.attempts += 1
             try:
                 sim = simulate_plan(graph, plan)
             except ScheduleError:
