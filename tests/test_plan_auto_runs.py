@@ -3,10 +3,12 @@
 zoo:resmlp is profiled for real, then its layer times are pinned (forward, backward and
 update per layer, no loss or step overhead) so that the choice is the same on any machine:
 on two workers with free links auto picks 2bw (no flush, a step per 8 units); under a
-memory limit that leaves one weight version, zb-h1. Each plan, as pdplan wrote it, trains
+memory limit that leaves one weight version, zb-h1; on a deeper ResMLP, whose residual
+blocks let two chunks per worker send only to the next, interleaved-1f1b. Each plan, as pdplan wrote it, trains
 in real workers (gloo, float64) and is compared with its schedule's update rule computed
 here: 2BW's W(t+1) = W(t) - lr grad f(W(t-1)) (tests/test_run_2bw.py), and for zb-h1, a
-flushing schedule, one process on batches of M x the batch size (tests/test_run_flush.py).
+flushing schedule as is interleaved-1f1b, one process on batches of M x the batch size
+(tests/test_run_flush.py).
 """
 
 from __future__ import annotations
@@ -23,18 +25,18 @@ from pdprof.cli import main as pdprof_main
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from shared.plan import Plan, load_plan
+from shared.spec import RunSpec
 from tests.test_run_2bw import two_bw_by_hand
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
+from tests.test_run_interleaved import DEEP
 
 BATCH = 8
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """RESMLP profiled, with every layer's times pinned: forward 2 ms, backward 1 ms, update 0.5 ms."""
-    path = tmp_path_factory.mktemp("auto_runs") / "graph.json"
-    args = ["--model", RESMLP.model or "", "--data", RESMLP.data or "", "--batch-size", str(BATCH)]
-    for key, value in RESMLP.model_args.items():
+def _profile(path: Path, spec: RunSpec, forward: float, backward: float, update: float) -> Path:
+    """``spec`` profiled, with every layer's times pinned (ms) and no loss, data or step overhead."""
+    args = ["--model", spec.model or "", "--data", spec.data or "", "--batch-size", str(BATCH)]
+    for key, value in spec.model_args.items():
         args += ["--model-arg", f"{key}={value}"]
     res = CliRunner().invoke(pdprof_main, [*args, "--warmup", "0", "--repeats", "1", "-o", str(path)])
     assert res.exit_code == 0, res.output
@@ -42,13 +44,21 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for node in doc["nodes"]:
         if node["op"] != "input":
             node.update(
-                forward_ms=2.0, backward_ms=1.0, update_ms=0.5 if node["parameter_bytes"] > 0 else 0.0
+                forward_ms=forward,
+                backward_ms=backward,
+                update_ms=update if node["parameter_bytes"] > 0 else 0.0,
             )
     for key in doc["graph"]:
         if key.endswith("_ms"):
             doc["graph"][key] = 0.0
     path.write_text(json.dumps(doc))
     return path
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RESMLP: forward 2 ms, backward 1 ms, update 0.5 ms a layer."""
+    return _profile(tmp_path_factory.mktemp("auto_runs") / "graph.json", RESMLP, 2.0, 1.0, 0.5)
 
 
 def _auto(graph: Path, *extra: str) -> Plan:
@@ -87,6 +97,33 @@ def test_auto_under_memory_chooses_zb_h1_and_pdrun_trains_it_as_one_process(grap
     assert results is not None and len(results) == plan.world_size
     initial, want = sequential(
         RESMLP,
+        steps=steps,
+        batch=BATCH * plan.microbatches,
+        seed=seed,
+        dtype=torch.float64,
+        lr=lr,
+        momentum=0.9,
+    )
+    assert_same(pipeline_params(results), want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+
+
+@pytest.mark.timeout(400)
+def test_auto_under_memory_chooses_interleaved_and_pdrun_trains_it_as_one_process(tmp_path: Path) -> None:
+    graph = _profile(tmp_path / "graph.json", DEEP, 2.0, 1.0, 0.0)
+    # 2bw and 1f1b hold a second weight version; of the one-version schedules, two chunks per worker
+    # leave the smallest bubble ((S - 1) chunk slots against zb-h1's (S - 1) forwards).
+    plan = _auto(graph, "--memory", "1.2e5")
+    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 2, [
+        a.schedule for a in plan.alternatives
+    ]
+    assert [s.ranks for s in plan.stages] == [[0], [1], [0], [1]]
+    steps, seed, lr = 4, 6, 0.2
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None and len(results) == plan.world_size
+    initial, want = sequential(
+        DEEP,
         steps=steps,
         batch=BATCH * plan.microbatches,
         seed=seed,
