@@ -174,3 +174,14 @@ def test_auto_on_chains_equals_exhaustive_simulation(costs, workers, bandwidth):
 def test_auto_on_dags_with_memory_equals_exhaustive_simulation(dag, workers, bandwidth, memory):
     costs, edges = dag
     _check(costs, edges, workers, bandwidth, memory)
+
+
+def test_auto_picks_interleaved_where_it_is_the_fastest_that_fits() -> None:
+    # 8 equal layers of 8 MB of parameters on 2 workers: a second weight version (2bw, 1f1b's stash)
+    # does not fit 70 MB, and of the one-version schedules 4 chunks per worker leave the least bubble.
+    costs = [(1, 2, 1e3, 8e6, 0)] * 8
+    graph = _graph(costs, [(i, i + 1) for i in range(7)])
+    config = PlanConfig(workers=(2,), bandwidths=(1e12,), memory=7e7, schedule="auto")
+    plan = make_plan(graph, config)
+    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 4
+    _check(costs, [(i, i + 1) for i in range(7)], 2, 1e12, 7e7)
