@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pdplan.build import COST_MODELS, PlanConfig
+from pdplan.build import COST_MODELS, PlanConfig, worker_peaks
 from pdplan.more_schedules import plan_for
 from pdplan.report import search_text, simulated_text, with_simulation
 from shared.cli import say
@@ -178,8 +178,9 @@ def plan(
         f"pdplan: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
         f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; {p.schedule}"
         + (f" M={p.microbatches}" if p.schedule != "1f1b" else "")
+        + (f" V={p.virtual_stages}" if p.virtual_stages > 1 else "")
         + (" chosen by simulation (pdplan show lists the runners-up)" if p.alternatives else "")
-        + f", peak {max(s.predicted.memory_bytes for s in p.stages if s.predicted) / 1e6:.3g} MB/worker; "
+        + f", peak {max(worker_peaks(p)) / 1e6:.3g} MB/worker; "
         + search_text(pred)
         + simulated_text(pred, "; ")
         + (f" -> {out}" if out else "")

@@ -100,3 +100,31 @@ def test_each_chunk_holds_what_the_interleaved_program_leaves_in_flight() -> Non
     # The first chunk of worker 0 holds more than its last one (which turns each unit straight round).
     held = [s.predicted.memory.units_held for s in p.stages if s.predicted and s.predicted.memory]
     assert held[0] > held[3]
+
+
+def test_the_summary_line_and_memory_limit_count_a_workers_chunks_together(tmp_path: Path) -> None:
+    graph = _graph([1.0] * 8)
+    save_graph(graph, tmp_path / "g.json")
+    args = [
+        str(tmp_path / "g.json"),
+        "--workers",
+        "2",
+        "--bandwidth",
+        "1e12",
+        "--schedule",
+        "interleaved-1f1b",
+    ]
+    res = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output
+    p = _plan(graph, microbatches=2)
+    per_worker = [sum(s.predicted.memory_bytes for s in p.stages[w::2] if s.predicted) for w in range(2)]
+    assert f"M=2 V=2, peak {max(per_worker) / 1e6:.3g} MB/worker" in res.stderr
+    # Each chunk alone fits a limit just under the worker's total; the worker does not.
+    assert max(s.predicted.memory_bytes for s in p.stages if s.predicted) < max(per_worker) - 1
+    res = CliRunner().invoke(main, [*args, "--memory", str(max(per_worker) - 1)])
+    assert (
+        res.exit_code == 2
+        and f"worker {per_worker.index(max(per_worker))} of the interleaved-1f1b plan" in res.stderr
+    )
+    res = CliRunner().invoke(main, [*args, "--memory", str(max(per_worker)), "-o", str(tmp_path / "q.json")])
+    assert res.exit_code == 0, res.output
