@@ -158,6 +158,8 @@ def _check(costs, edges, workers, bandwidth, memory):
         simulate_plan(graph, plan).time_per_minibatch_s, expected, rel_tol=1e-9, abs_tol=1e-12
     )
     assert memory is None or all(s.predicted.memory.total_bytes <= memory for s in plan.stages)
+    # Its memory figures are its own schedule's (the search works them out late without --memory).
+    assert with_memory(plan, graph).stages == plan.stages
     assert plan.alternatives[0].schedule == plan.schedule
     times = [a.simulated_time_per_minibatch_s for a in plan.alternatives]
     assert times == sorted(times)
