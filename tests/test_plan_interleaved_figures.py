@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from pdplan.build import PlanConfig
 from pdplan.cli import main
+from pdplan.memory import received_per_unit, saved_per_unit
 from pdplan.more_schedules import plan_for
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import Plan, save_plan
@@ -85,7 +86,8 @@ def test_a_workers_transfers_add_up_over_its_chunks(tmp_path: Path) -> None:
 
 
 def test_each_chunk_holds_what_the_interleaved_program_leaves_in_flight() -> None:
-    p = _plan(_graph([1.0] * 8), microbatches=4)
+    graph = _graph([1.0] * 8)
+    p = _plan(graph, microbatches=4)
     program = build_program("interleaved-1f1b", [1, 1], 4, microbatches=4, chunks=2)
     for s, stage in enumerate(p.stages):
         w, c = s % 2, s // 2
@@ -96,7 +98,8 @@ def test_each_chunk_holds_what_the_interleaved_program_leaves_in_flight() -> Non
                 peak = max(peak, live)
         assert stage.predicted is not None and stage.predicted.memory is not None
         assert stage.predicted.memory.units_held == peak, s
-        assert stage.predicted.memory.activation_bytes == peak * sum(5e5 for _ in stage.layers if _ != "x")
+        per_unit = saved_per_unit(graph, stage.layers) + received_per_unit(graph, stage.layers)
+        assert stage.predicted.memory.activation_bytes == peak * per_unit
     # The first chunk of worker 0 holds more than its last one (which turns each unit straight round).
     held = [s.predicted.memory.units_held for s in p.stages if s.predicted and s.predicted.memory]
     assert held[0] > held[3]

@@ -78,7 +78,10 @@ def test_2bw_steps_over_the_units_in_flight_by_default() -> None:
         (["--schedule", "interleaved-1f1b", "--virtual-stages", "1"], "at least 2 chunks per worker"),
         (["--schedule", "zb-h1", "--virtual-stages", "2"], "zb-h1 runs one model chunk per worker"),
         # A worker holds its two chunks: their sum must fit.
-        (["--schedule", "interleaved-1f1b", "--memory", "1e4"], "worker 0 of the interleaved-1f1b plan"),
+        (
+            ["--schedule", "interleaved-1f1b", "--memory", "1e4"],
+            "of the interleaved-1f1b plan (4 workers x 2 chunks",
+        ),
         # Not make_plan's "--straight gives each of the 200 workers ...": the user gave neither.
         (["--schedule", "interleaved-1f1b", "--virtual-stages", "50"], "= 50 x 4 = 200 chunks"),
     ],
