@@ -29,7 +29,7 @@ demo: install
 	$(BIN)/python -m bench.demo --out $(OUT)
 
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 lint: install
 	$(BIN)/ruff check pdprof pdplan pdrun shared tests bench
