@@ -56,6 +56,14 @@ def size_of(value: Any, saved: int = 0) -> LayerSize:
     return LayerSize(sum(parts), parts if len(parts) > 1 else None, saved, shape_of(value))
 
 
+def _storage(t: torch.Tensor) -> Any:
+    """``t``'s untyped storage, or None for a tensor with none to reach (a functorch-batched one)."""
+    try:
+        return t.untyped_storage()
+    except (NotImplementedError, RuntimeError):  # "Cannot access storage of BatchedTensorImpl"
+        return None
+
+
 class _SizeInterpreter(fx.Interpreter):
     def __init__(self, module: fx.GraphModule) -> None:
         super().__init__(module, garbage_collect_values=True)
@@ -65,13 +73,19 @@ class _SizeInterpreter(fx.Interpreter):
         # the graph runs and two storages are never taken for one.
         self.maker: dict[int, tuple[str, Any]] = {}
         self.saved: dict[int, int] = {}  # saved storage -> its bytes
+        # Saved tensors with no storage to reach (vmap's batched tensors: transformers builds its
+        # attention masks under torch.vmap), charged by their own bytes to the layer saving them.
+        self.unreached: dict[str, int] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "output":
             return super().run_node(n)
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
+            storage = _storage(t)
+            if storage is None:
+                self.unreached[n.name] = self.unreached.get(n.name, 0) + tensor_bytes(t)
+                return t
             ptr = storage.data_ptr()
             if ptr not in self.params and storage.nbytes() > 0:
                 self.maker.setdefault(ptr, (n.name, storage))  # made inside this layer
@@ -81,15 +95,15 @@ class _SizeInterpreter(fx.Interpreter):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             result = super().run_node(n)
         for t in tree_leaves(result):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
+            storage = _storage(t) if isinstance(t, torch.Tensor) else None
+            if storage is not None:
                 self.maker.setdefault(storage.data_ptr(), (n.name, storage))
         self.sizes[n.name] = size_of(result)
         return result
 
     def charged(self) -> dict[str, LayerSize]:
         """Each layer's sizes with the saved storages it made."""
-        by_maker: dict[str, int] = {}
+        by_maker = dict(self.unreached)
         for ptr, nbytes in self.saved.items():
             name = self.maker[ptr][0]
             by_maker[name] = by_maker.get(name, 0) + nbytes

@@ -9,6 +9,7 @@ stages, its gradient summed by pdrun); the Llama case is untied, so both kinds a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,15 @@ def test_a_float64_run_traces_the_graph_pdprof_profiled_in_float32() -> None:
     assert got.dtype == torch.float64
     # The model itself rounds to float32 inside RMSNorm; the float64 graph does not.
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_pdprof_sizes_a_hugging_face_model_whose_masks_are_built_under_vmap(tmp_path: Path) -> None:
+    # transformers builds GPT-2's attention mask under torch.vmap: a tensor saved there has no
+    # storage to reach ("Cannot access storage of BatchedTensorImpl"); pdprof counts it by its bytes.
+    out = tmp_path / "graph.json"
+    flags = ["--model", "zoo:hf_gpt2", "--model-arg", "n_layer=1", "--data", "zoo:pydoc_tokens"]
+    flags += ["--loss", "causal_lm", "--batch-size", "4", "--warmup", "0", "--repeats", "1", "-o", str(out)]
+    res = CliRunner().invoke(pdprof_main, flags)
+    assert res.exit_code == 0, res.output
+    saved = [node["saved_bytes"] for node in json.loads(out.read_text())["nodes"]]
+    assert all(b >= 0 for b in saved) and sum(saved) > 0
