@@ -37,7 +37,9 @@ def test_a_hugging_face_models_modules_are_its_package_not_torch_or_the_standard
 
 @pytest.mark.timeout(300)
 def test_a_running_forkserver_without_the_models_modules_is_restarted_with_them() -> None:
-    multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # whatever earlier tests started
+    # Whatever earlier tests started, and the preload they left (a stopped forkserver keeps its list).
+    multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    multiprocessing.set_forkserver_preload([])
     preload_forkserver()  # as a first launch of a model that needs nothing more
     assert not _child_has(GPT2)  # the forkserver runs now, without transformers
     preload_forkserver(defining_modules(resolve_model("zoo:hf_gpt2", {"n_layer": 1})))
