@@ -85,18 +85,13 @@ def test_auto_chooses_2bw_and_pdrun_follows_its_update_rule(graph: Path) -> None
     assert all(r.steps == steps and r.max_versions <= 2 for r in results)
 
 
-@pytest.mark.timeout(300)
-def test_auto_under_memory_chooses_zb_h1_and_pdrun_trains_it_as_one_process(graph: Path) -> None:
-    # 2bw's second weight version and 1f1b's stash no longer fit; zb-h1 holds one, as 1f1b-flush.
-    plan = _auto(graph, "--memory", "5e4")
-    assert plan.schedule == "zb-h1", [a.schedule for a in plan.alternatives]
-    assert all(s.predicted is not None and s.predicted.memory_bytes <= 5e4 for s in plan.stages)
-    steps, seed, lr = 4, 3, 0.2
+def _trains_as_one_process(plan: Plan, spec: RunSpec, seed: int, steps: int = 4, lr: float = 0.2) -> None:
+    """pdrun on ``plan`` ends with one process's weights after the same steps on M x batch samples (float64)."""
     cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
     results = launch(plan, cfg)
     assert results is not None and len(results) == plan.world_size
     initial, want = sequential(
-        RESMLP,
+        spec,
         steps=steps,
         batch=BATCH * plan.microbatches,
         seed=seed,
@@ -106,6 +101,15 @@ def test_auto_under_memory_chooses_zb_h1_and_pdrun_trains_it_as_one_process(grap
     )
     assert_same(pipeline_params(results), want, 1e-6)
     assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_auto_under_memory_chooses_zb_h1_and_pdrun_trains_it_as_one_process(graph: Path) -> None:
+    # 2bw's second weight version and 1f1b's stash no longer fit; zb-h1 holds one, as 1f1b-flush.
+    plan = _auto(graph, "--memory", "5e4")
+    assert plan.schedule == "zb-h1", [a.schedule for a in plan.alternatives]
+    assert all(s.predicted is not None and s.predicted.memory_bytes <= 5e4 for s in plan.stages)
+    _trains_as_one_process(plan, RESMLP, seed=3)
 
 
 @pytest.mark.timeout(400)
@@ -118,18 +122,4 @@ def test_auto_under_memory_chooses_interleaved_and_pdrun_trains_it_as_one_proces
         a.schedule for a in plan.alternatives
     ]
     assert [s.ranks for s in plan.stages] == [[0], [1], [0], [1]]
-    steps, seed, lr = 4, 6, 0.2
-    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
-    results = launch(plan, cfg)
-    assert results is not None and len(results) == plan.world_size
-    initial, want = sequential(
-        DEEP,
-        steps=steps,
-        batch=BATCH * plan.microbatches,
-        seed=seed,
-        dtype=torch.float64,
-        lr=lr,
-        momentum=0.9,
-    )
-    assert_same(pipeline_params(results), want, 1e-6)
-    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    _trains_as_one_process(plan, DEEP, seed=6)
