@@ -159,7 +159,7 @@ def train_interleaved(
         build_worker(env, plan, cfg, model, (c * n + s, 0), shared, dtype) for c in range(plan.virtual_stages)
     ]
     del model  # the whole model: this rank keeps its chunks
-    segs = segments(plan, cfg, chunks[0].units.per_epoch)
+    segs = segments(plan, cfg, chunks[0].config.units.per_epoch)
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]
     base = 0
@@ -167,10 +167,12 @@ def train_interleaved(
         run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base)
         base += length
     c_shown = next(
-        (c for c, w in enumerate(chunks) if w.stage.has_output), 0
+        (c for c, w in enumerate(chunks) if w.config.stage.has_output), 0
     )  # the loss lives on the last chunk
     shown = chunks[c_shown]
-    merged = {k: p.detach().cpu().clone() for w in chunks for k, p in w.stage.module.named_parameters()}
+    merged = {
+        k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
+    }
     result = WorkerResult(
         rank=env.rank,
         stage=c_shown * n + s,  # the shown chunk's stage: the summary takes the loss from the last stage

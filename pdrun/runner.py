@@ -156,7 +156,7 @@ def _train(
     show = s == model.part.last and replica == 0  # one worker of the last stage draws the bar
     progress = Progress(cfg, show, segs.steps)
     worker = build_worker(env, plan, cfg, model, (s, replica), transport, dtype, on_step=progress.step)
-    spec, stage, part = plan.spec, worker.stage, worker.part
+    spec, stage, part = plan.spec, worker.config.stage, worker.config.part
     val_set = model.val_set
     del model  # what is left of it: this rank keeps its stage
     base = 0
@@ -181,7 +181,17 @@ def _train(
         assert cfg.checkpoint_dir is not None
         step = base // segs.units_per_step  # the run's step (a replica's own count can be lower)
         _checkpoint(
-            env, cfg, plan, s, replica, step, base, worker.steps, stage.module, worker.optimizer, device
+            env,
+            cfg,
+            plan,
+            s,
+            replica,
+            step,
+            base,
+            worker.steps,
+            stage.module,
+            worker.config.optimizer,
+            device,
         )
         written.append(step)
 
@@ -222,7 +232,7 @@ def _train(
         events=worker.events if cfg.trace else [],
         validation=validation,
         versions=worker.version_log,
-        max_versions=worker.versions.max_held,
+        max_versions=worker.config.versions.max_held,
         params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()}
         if cfg.record
         else {},
@@ -240,9 +250,9 @@ def _train(
 def _validate(worker: Worker, units: Units, pipe: Pipeline, epoch: int) -> dict[str, Any]:
     """One validation pass; on the last stage its sums over the stage's replicas."""
     loss_sum, correct, count, scored = worker.validate(units, pipe)
-    if worker.stage.has_output and worker.group is not None:
+    if worker.config.stage.has_output and worker.config.group is not None:
         t = torch.tensor([loss_sum, correct, count, scored], dtype=torch.float64, device=worker.comm.wire)
-        dist.all_reduce(t, group=worker.group)
+        dist.all_reduce(t, group=worker.config.group)
         loss_sum, correct, count, scored = float(t[0]), int(t[1]), int(t[2]), int(t[3])
     return {
         "epoch": epoch,

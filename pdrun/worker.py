@@ -86,32 +86,8 @@ class Worker:
     def __init__(self, config: WorkerConfig, comm: Transport) -> None:
         c = config
         self.config = config
-        self.rank = c.rank
-        self.stage = c.stage
         self.s = c.stage.index
-        self.replica = c.replica
-        self.part = c.part
-        self.specs = c.specs
-        self.peers = c.peers
-        self.units = c.units
-        self.loss_fn = c.loss_fn
-        self.next_token = c.next_token  # the loss scores logits at t against labels at t + 1 (causal_lm)
-        self.optimizer = c.optimizer
-        self.versions = c.versions
         self.comm = comm
-        self.group = c.group
-        self.device = c.device
-        self.dtype = c.dtype
-        self.loss_scale = c.loss_scale
-        # Optimizer updates this worker makes in one step of the run (pdrun.shape.updates_per_step).
-        self.updates_per_step = c.updates_per_step
-        self.average_replicas = c.average_replicas
-        self.vertical_sync = c.vertical_sync
-        self.record = c.record
-        self.lr_at = c.lr_at
-        self.trace = c.trace  # keep one timeline event per instruction
-        self.channels_last = c.channels_last  # 4-d batch inputs go channels-last (shared.layout)
-        self.recompute = c.recompute  # testing: no stash, the backward recomputes on the latest weights
         # Replicas: the gradient all-reduce, started in buckets during the backward (pdrun/overlap.py).
         self.reducer = (
             OverlappedAllReduce(
@@ -138,8 +114,6 @@ class Worker:
         self.step_rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.version_log: list[dict[str, Any]] = []
-        self.on_step = c.on_step
-        self.tied = c.tied  # parameters other stages hold too (pdrun/tied.py)
         self.DISPATCH: dict[Kind, Callable[[Instr], None]] = {
             Kind.FORWARD: self.forward,
             Kind.BACKWARD: self.backward,
@@ -191,8 +165,10 @@ class Worker:
             t0 = time.perf_counter()
             wall0 = time.time()
             self.DISPATCH[ins.kind](ins)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # kernels are asynchronous: time them where they run
+            if self.config.device.type == "cuda":
+                torch.cuda.synchronize(
+                    self.config.device
+                )  # kernels are asynchronous: time them where they run
             dt = time.perf_counter() - t0
             self.stats.by_kind[ins.kind] = self.stats.by_kind.get(ins.kind, 0.0) + dt
             if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT, Kind.STEP):
@@ -201,7 +177,7 @@ class Worker:
                 self.stats.idle_s += dt
             else:
                 self.stats.comm_s += dt
-            if self.trace:
+            if self.config.trace:
                 self.events.append(
                     {
                         "name": str(ins),
@@ -209,7 +185,7 @@ class Worker:
                         "ph": "X",
                         "ts": wall0 * 1e6,
                         "dur": dt * 1e6,
-                        "pid": self.rank,
+                        "pid": self.config.rank,
                         "tid": 0,
                         "args": {"unit": base + ins.unit, "stage": self.s},
                     }
@@ -221,66 +197,66 @@ class Worker:
     def forward(self, ins: Instr) -> None:
         u = ins.unit
         if self.fault is not None:
-            self.fault.at_unit(self.rank, self.base + u)
+            self.fault.at_unit(self.config.rank, self.base + u)
         received = self.inbox.pop(u, {})
         sent_version = self.inbox_version.pop(u, None)  # the input stage's version, carried along
         wanted = (
             sent_version
-            if self.vertical_sync and not self.part.reads_input(self.s)
-            else self.versions.pinned(self.base + u)
+            if self.config.vertical_sync and not self.config.part.reads_input(self.s)
+            else self.config.versions.pinned(self.base + u)
         )
-        version, params = self.versions.acquire(wanted)
+        version, params = self.config.versions.acquire(wanted)
         batch_inputs, target = self._batch(u)
         state = UnitState(version, params, batch_inputs, received, target=target)
-        if self.recompute:
+        if self.config.recompute:
             with torch.no_grad():  # without stashing the backward recomputes on the then-latest weights
                 sent, output = self._run(state, grad=False)
         else:
             sent, output = self._run(state, grad=True)
         state.sent = sent
-        if self.stage.has_output:
-            loss = self.loss_fn(output, target)
+        if self.config.stage.has_output:
+            loss = self.config.loss_fn(output, target)
             state.loss = loss
             self.stats.losses.append(float(loss.detach()))
-        if self.record:
+        if self.config.record:
             state.forward_print = fingerprint(params)
         self.inflight[u] = state
-        for b, names in self.part.consumers(self.s):
+        for b, names in self.config.part.consumers(self.s):
             tensors = self._pack(names, sent)
             carried = version if sent_version is None else sent_version
             self.outbox[(Kind.SEND_ACT, u, b)] = [self.comm.header(self.base + u, carried), *tensors]
 
     def _run(self, state: UnitState, grad: bool) -> tuple[dict[str, Any], Any]:
-        if not self.versions.stash:
+        if not self.config.versions.stash:
             with torch.set_grad_enabled(grad):
-                return self.stage.run(state.batch_inputs, state.received)
-        args = [*state.batch_inputs, *(state.received[n] for n in self.stage.received)]
+                return self.config.stage.run(state.batch_inputs, state.received)
+        args = [*state.batch_inputs, *(state.received[n] for n in self.config.stage.received)]
         with torch.set_grad_enabled(grad):
-            sent, output = functional_call(self.stage.module, state.params, tuple(args))
-        return dict(zip(self.stage.sent, sent, strict=True)), output
+            sent, output = functional_call(self.config.stage.module, state.params, tuple(args))
+        return dict(zip(self.config.stage.sent, sent, strict=True)), output
 
     def backward(self, ins: Instr) -> None:
         u = ins.unit
         state = self.inflight.pop(u)
         used = state.version
-        if self.recompute:
+        if self.config.recompute:
             # No stash: the backward differentiates a recomputation on the live, newer weights.
-            used = self.versions.latest
+            used = self.config.versions.latest
             with torch.enable_grad():
-                state.sent, output = self.stage.run(state.batch_inputs, state.received)
-                if self.stage.has_output:
-                    state.loss = self.loss_fn(output, state.target)
-            params: Params = dict(self.versions.live)
+                state.sent, output = self.config.stage.run(state.batch_inputs, state.received)
+                if self.config.stage.has_output:
+                    state.loss = self.config.loss_fn(output, state.target)
+            params: Params = dict(self.config.versions.live)
         else:
             params = state.params
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor | None] = []
         if state.loss is not None:
-            roots.append(state.loss * self.loss_scale)
+            roots.append(state.loss * self.config.loss_scale)
             grads.append(None)
         incoming = self.grads.pop(u, {})
         for name, gs in incoming.items():
-            for value, g in zip(grad_leaves(state.sent[name], self.specs[name]), gs, strict=True):
+            for value, g in zip(grad_leaves(state.sent[name], self.config.specs[name]), gs, strict=True):
                 if value.requires_grad:
                     roots.append(value)
                     grads.append(g)
@@ -293,10 +269,10 @@ class Worker:
             finally:
                 if reducer is not None:
                     reducer.disarm()
-        if self.record:
+        if self.config.record:
             self.version_log.append(
                 {
-                    "rank": self.rank,
+                    "rank": self.config.rank,
                     "stage": self.s,
                     "unit": self.base + u,
                     "forward_version": state.version,
@@ -305,12 +281,12 @@ class Worker:
                     "backward_print": fingerprint(params),
                 }
             )
-        self.versions.release(state.version, state.params)
+        self.config.versions.release(state.version, state.params)
         self.stats.units += 1  # a unit counts towards throughput when its backward is done
-        for a, names in self.part.receives(self.s):
+        for a, names in self.config.part.receives(self.s):
             out: list[torch.Tensor] = []
             for n in names:
-                spec = self.specs[n]
+                spec = self.config.specs[n]
                 for leaf, ls in zip(grad_leaves(state.received[n], spec), grad_specs(spec), strict=True):
                     out.append(ls.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)))
             self.outbox[(Kind.SEND_GRAD, u, a)] = [self.comm.header(self.base + u, state.version), *out]
@@ -321,61 +297,61 @@ class Worker:
             self.reducer.finish()  # its buckets started during the backward (pdrun/overlap.py)
 
     def step(self, ins: Instr) -> None:
-        self.versions.before_step()
-        if self.optimizer is not None:
-            if self.lr_at is not None:
-                lr = self.lr_at(self.run_steps)
-                for g in self.optimizer.param_groups:
+        self.config.versions.before_step()
+        if self.config.optimizer is not None:
+            if self.config.lr_at is not None:
+                lr = self.config.lr_at(self.run_steps)
+                for g in self.config.optimizer.param_groups:
                     g["lr"] = lr
-            if self.tied is not None:
-                self.tied.sum()  # after the replicas' all-reduce, before the update
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        self.versions.stepped()
+            if self.config.tied is not None:
+                self.config.tied.sum()  # after the replicas' all-reduce, before the update
+            self.config.optimizer.step()
+            self.config.optimizer.zero_grad(set_to_none=True)
+        self.config.versions.stepped()
         self.steps += 1
-        if self.steps % self.updates_per_step == 0:
+        if self.steps % self.config.updates_per_step == 0:
             self._close_step()
 
     @property
     def run_steps(self) -> int:
         """The run's optimizer steps this worker has completed."""
-        return self.steps // self.updates_per_step
+        return self.steps // self.config.updates_per_step
 
     # ------------------------------------------------------------------ communication
 
     def send_act(self, ins: Instr) -> None:
         assert ins.peer is not None
         tensors = self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0]))
-        self.comm.send(tensors, self.peers.rank(ins.peer), TAG_ACT)
+        self.comm.send(tensors, self.config.peers.rank(ins.peer), TAG_ACT)
 
     def _post(self, ins: Instr) -> PostedRecv:
         """Post the receives of a receive instruction, into buffers of the values' known shapes."""
         assert ins.peer is not None
         if ins.kind == Kind.RECV_ACT:
-            buffers = self._buffers(dict(self.part.receives(self.s))[ins.peer[0]])
-            return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_ACT, hold=True)
+            buffers = self._buffers(dict(self.config.part.receives(self.s))[ins.peer[0]])
+            return self.comm.post(buffers, self.config.peers.rank(ins.peer), TAG_ACT, hold=True)
         names = self._grad_names(ins.peer[0])
-        buffers = [g.empty(self.device) for n in names for g in grad_specs(self.specs[n])]
-        return self.comm.post(buffers, self.peers.rank(ins.peer), TAG_GRAD, hold=True)
+        buffers = [g.empty(self.config.device) for n in names for g in grad_specs(self.config.specs[n])]
+        return self.comm.post(buffers, self.config.peers.rank(ins.peer), TAG_GRAD, hold=True)
 
     def _grad_names(self, b: int) -> list[str]:
         """The values this stage sends to stage ``b`` that take a gradient back."""
-        return [n for n in dict(self.part.consumers(self.s))[b] if self.specs[n].requires_grad]
+        return [n for n in dict(self.config.part.consumers(self.s))[b] if self.config.specs[n].requires_grad]
 
     def recv_act(self, ins: Instr) -> None:
         assert ins.peer is not None
         a = ins.peer[0]
-        names = dict(self.part.receives(self.s))[a]
+        names = dict(self.config.part.receives(self.s))[a]
         posted = self.posted.pop(self.at)
         version, got = self.comm.wait(posted, self.base + ins.unit, "activations")
         self.inbox.setdefault(ins.unit, {}).update(self._unpack(names, got))
-        if self.part.reads_input(a) or ins.unit not in self.inbox_version:
+        if self.config.part.reads_input(a) or ins.unit not in self.inbox_version:
             self.inbox_version[ins.unit] = version
 
     def send_grad(self, ins: Instr) -> None:
         assert ins.peer is not None
         tensors = self.outbox.pop((Kind.SEND_GRAD, ins.unit, ins.peer[0]))
-        self.comm.send(tensors, self.peers.rank(ins.peer), TAG_GRAD)
+        self.comm.send(tensors, self.config.peers.rank(ins.peer), TAG_GRAD)
 
     def recv_grad(self, ins: Instr) -> None:
         assert ins.peer is not None
@@ -385,36 +361,40 @@ class Worker:
         box = self.grads.setdefault(ins.unit, {})
         it = iter(got)
         for n in names:
-            gs = [g.from_wire(next(it)) for g in grad_specs(self.specs[n])]
+            gs = [g.from_wire(next(it)) for g in grad_specs(self.config.specs[n])]
             # A value read by several later stages gets the sum of their gradients.
             box[n] = [a + g for a, g in zip(box[n], gs, strict=True)] if n in box else gs
 
     def _buffers(self, names: tuple[str, ...]) -> list[torch.Tensor]:
         """Receive buffers for ``names``' values, from their known shapes."""
-        return [leaf.empty(self.device) for n in names for leaf in leaves(self.specs[n])]
+        return [leaf.empty(self.config.device) for n in names for leaf in leaves(self.config.specs[n])]
 
     def _pack(self, names: tuple[str, ...], values: dict[str, Any]) -> list[torch.Tensor]:
-        return [t for n in names for t in encode(values[n], self.specs[n], self.device)]
+        return [t for n in names for t in encode(values[n], self.config.specs[n], self.config.device)]
 
     def _unpack(self, names: tuple[str, ...], tensors: list[torch.Tensor]) -> dict[str, Any]:
         it = iter(tensors)
-        return {n: decode(it, self.specs[n]) for n in names}
+        return {n: decode(it, self.config.specs[n]) for n in names}
 
     # ------------------------------------------------------------------ data and bookkeeping
 
     def _batch(self, u: int) -> tuple[tuple[Any, ...], Any]:
-        needs_input = bool(self.stage.batch_inputs)
-        if not needs_input and not self.stage.has_output:
+        needs_input = bool(self.config.stage.batch_inputs)
+        if not needs_input and not self.config.stage.has_output:
             return (), None
-        inputs, target = self.units.batch(self.base + u, inputs=needs_input, target=self.stage.has_output)
+        inputs, target = self.config.units.batch(
+            self.base + u, inputs=needs_input, target=self.config.stage.has_output
+        )
         inputs = self._inputs(inputs) if needs_input else ()
-        target = to_device(target, self.device, self.dtype) if self.stage.has_output else None
+        target = (
+            to_device(target, self.config.device, self.config.dtype) if self.config.stage.has_output else None
+        )
         return tuple(inputs), target
 
     def _inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Batch inputs on this worker's device, dtype and layout."""
-        moved = tuple(to_device(inputs, self.device, self.dtype))
-        if not self.channels_last:
+        moved = tuple(to_device(inputs, self.config.device, self.config.dtype))
+        if not self.config.channels_last:
             return moved
         return inputs_to_channels_last(moved)
 
@@ -426,22 +406,22 @@ class Worker:
             {
                 "step": self.run_steps - 1,
                 "loss": sum(st.losses) / len(st.losses) if st.losses else math.nan,
-                "rank": self.rank,
+                "rank": self.config.rank,
                 "stage": self.s,
-                "replica": self.replica,
-                "samples_per_s": st.units * self.units.batch_size / wall,
+                "replica": self.config.replica,
+                "samples_per_s": st.units * self.config.units.batch_size / wall,
                 "compute_s": st.compute_s,
                 "comm_s": st.comm_s,
                 "idle_s": st.idle_s,
                 **{column: sum(st.by_kind.get(k, 0.0) for k in kinds) for column, kinds in PARTS.items()},
                 "wall_s": wall,
-                "versions": self.versions.held(),
+                "versions": self.config.versions.held(),
                 "peak_memory_bytes": peak.peak_bytes(),
             }
         )
         self.stats = StepStats(now)
-        if self.on_step is not None:
-            self.on_step(self.step_rows[-1])
+        if self.config.on_step is not None:
+            self.config.on_step(self.step_rows[-1])
 
     # ------------------------------------------------------------------ validation
 
@@ -455,9 +435,9 @@ class Worker:
         forward per unit, its receives before it and its sends after it, as training does.
         """
         tally = _Tally()
-        self.stage.module.eval()  # dropout off, BatchNorm on its running statistics
+        self.config.stage.module.eval()  # dropout off, BatchNorm on its running statistics
         program = (
-            worker_program(ForwardOnly(), pipe, (self.s, self.replica), units.per_epoch)
+            worker_program(ForwardOnly(), pipe, (self.s, self.config.replica), units.per_epoch)
             if units.per_epoch
             else ()
         )
@@ -466,9 +446,9 @@ class Worker:
                 self._val_forward(ins.unit, units, tally)
                 continue
             assert ins.peer is not None
-            peer = self.peers.rank(ins.peer)
+            peer = self.config.peers.rank(ins.peer)
             if ins.kind is Kind.RECV_ACT:
-                names = dict(self.part.receives(self.s))[ins.peer[0]]
+                names = dict(self.config.part.receives(self.s))[ins.peer[0]]
                 _, got = self.comm.recv(
                     self._buffers(names), peer, TAG_VAL, ins.unit, "validation activations"
                 )
@@ -476,22 +456,27 @@ class Worker:
             else:  # SEND_ACT
                 self.comm.send(self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0])), peer, TAG_VAL)
         self.comm.drain()
-        self.stage.module.train()
+        self.config.stage.module.train()
         return tally.loss_sum, tally.correct, tally.count, tally.scored
 
     def _val_forward(self, v: int, units: Units, tally: _Tally) -> None:
         received = self.inbox.pop(v, {})
-        inputs, target = units.batch(v, inputs=bool(self.stage.batch_inputs), target=self.stage.has_output)
-        inputs = self._inputs(inputs) if self.stage.batch_inputs else ()
+        inputs, target = units.batch(
+            v, inputs=bool(self.config.stage.batch_inputs), target=self.config.stage.has_output
+        )
+        inputs = self._inputs(inputs) if self.config.stage.batch_inputs else ()
         with torch.no_grad():
-            sent, output = self.stage.run(tuple(inputs), received)
-        for b, names in self.part.consumers(self.s):
+            sent, output = self.config.stage.run(tuple(inputs), received)
+        for b, names in self.config.part.consumers(self.s):
             self.outbox[(Kind.SEND_ACT, v, b)] = [self.comm.header(v, 0), *self._pack(names, sent)]
-        if self.stage.has_output:
+        if self.config.stage.has_output:
             real = units.real(v)
-            output, target = _head(output, real), to_device(target, self.device, self.dtype)[:real]
-            tally.loss_sum += float(self.loss_fn(output, target)) * real
-            hits, scored = _correct(output, target, next_token=self.next_token)
+            output, target = (
+                _head(output, real),
+                to_device(target, self.config.device, self.config.dtype)[:real],
+            )
+            tally.loss_sum += float(self.config.loss_fn(output, target)) * real
+            hits, scored = _correct(output, target, next_token=self.config.next_token)
             tally.correct += hits
             tally.scored += scored
             tally.count += real
