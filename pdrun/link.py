@@ -65,6 +65,16 @@ def shm_usable(backend: str) -> bool:
 _COLD_BYTES = 64 << 20
 
 
+def cold_sources(like: torch.Tensor, trips: int) -> list[torch.Tensor]:
+    """Buffers like ``like`` to send from in turn: ``_COLD_BYTES`` of them, never more than ``trips``.
+
+    The cap matters for the latency probe: its 8 bytes would otherwise ask for millions of
+    tensors (a minute of start-up) that no round trip sends.
+    """
+    count = min(trips, max(1, _COLD_BYTES // (like.numel() * like.element_size())))
+    return [torch.rand_like(like) for _ in range(count)]
+
+
 def _shm_round_trips(links: ShmLinks, rank: int, buf: torch.Tensor, repeats: int) -> list[float]:
     """Round trips through shared-memory links: values into a slot, the header through the bell.
 
@@ -73,8 +83,8 @@ def _shm_round_trips(links: ShmLinks, rank: int, buf: torch.Tensor, repeats: int
     its bytes have crossed to the receiver's core, which is where a pipeline pays for them.
     """
     peer, times = 1 - rank, []
-    count = max(1, _COLD_BYTES // (buf.numel() * buf.element_size()))
-    sources = [torch.rand_like(buf) for _ in range(count)]
+    sources = cold_sources(buf, repeats + 2)
+    count = len(sources)
     out_tag, in_tag = (1, 2) if rank == 0 else (2, 1)
     for i in range(repeats + 2):  # two warm-up round trips
         start = time.perf_counter()

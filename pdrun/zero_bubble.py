@@ -5,8 +5,8 @@ is two computations, the gradient with respect to its input (B, which the previo
 waits for) and with respect to its parameters (W, which nothing waits on but the optimizer
 step). B differentiates the unit's roots (its loss, or its outputs with the gradients that
 came back) with respect to the received values only, keeping the autograd graph
-(``retain_graph=True``); W differentiates the same roots with respect to the stage's live
-parameters and frees the graph. The flushing step that follows sees exactly the gradients
+(``retain_graph=True``) and the gradients at the nodes where the weights' paths leave the
+inputs'; W starts from those (``pdrun/weight_pass.py``), so it does not redo B's work. The flushing step that follows sees exactly the gradients
 one whole backward would have accumulated.
 
 The worker (``pdrun.worker.Worker``) dispatches BACKWARD and WEIGHT here when its schedule
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pdrun.values import grad_leaves, grad_specs
+from pdrun.weight_pass import WeightPass, backward_input, backward_weight
 from shared.schedule import Instr, Kind
 
 if TYPE_CHECKING:
@@ -28,11 +29,11 @@ if TYPE_CHECKING:
 
 
 class SplitBackward:
-    """B and W of one worker: the roots a unit's B differentiated, kept until its W."""
+    """B and W of one worker: what a unit's B found for its W (``pdrun.weight_pass``), kept until then."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.roots: dict[int, tuple[list[torch.Tensor], list[torch.Tensor | None]]] = {}
+        self.passes: dict[int, WeightPass] = {}  # by unit, from its B to its W
 
     def backward_input(self, ins: Instr) -> None:
         """B: the gradients of the values this stage received, sent back at once; the graph is kept for W."""
@@ -42,28 +43,28 @@ class SplitBackward:
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor | None] = []
         if state.loss is not None:
-            roots.append(state.loss * w.loss_scale)
+            roots.append(state.loss * w.config.loss_scale)
             grads.append(None)
         for name, gs in w.grads.pop(u, {}).items():
-            for value, g in zip(grad_leaves(state.sent[name], w.specs[name]), gs, strict=True):
+            for value, g in zip(grad_leaves(state.sent[name], w.config.specs[name]), gs, strict=True):
                 if value.requires_grad:
                     roots.append(value)
                     grads.append(g)
         inputs = [
             leaf
             for n in state.received
-            for leaf in grad_leaves(state.received[n], w.specs[n])
+            for leaf in grad_leaves(state.received[n], w.config.specs[n])
             if leaf.requires_grad
         ]
-        if roots and inputs:
-            got = torch.autograd.grad(roots, inputs, grads, retain_graph=True, allow_unused=True)
-            for leaf, g in zip(inputs, got, strict=True):
-                leaf.grad = g
-        self.roots[u] = (roots, grads)
-        for a, names in w.part.receives(w.s):
+        params = [p for p in state.params.values() if p.requires_grad]
+        got, self.passes[u] = backward_input(roots, grads, inputs, params)
+        for leaf, dg in zip(inputs, got, strict=True):
+            if dg is not None:
+                leaf.grad = dg
+        for a, names in w.config.part.receives(w.s):
             out: list[torch.Tensor] = []
             for n in names:
-                spec = w.specs[n]
+                spec = w.config.specs[n]
                 for leaf, ls in zip(grad_leaves(state.received[n], spec), grad_specs(spec), strict=True):
                     out.append(ls.to_wire(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)))
             w.outbox[(Kind.SEND_GRAD, u, a)] = [w.comm.header(w.base + u, state.version), *out]
@@ -73,18 +74,15 @@ class SplitBackward:
         w = self.worker
         u = ins.unit
         state = w.inflight.pop(u)
-        roots, grads = self.roots.pop(u)
-        params = [p for p in state.params.values() if p.requires_grad]
-        if roots and params:
-            got = torch.autograd.grad(roots, params, grads, allow_unused=True)
-            with torch.no_grad():
-                for p, g in zip(params, got, strict=True):
-                    if g is None:
-                        continue
-                    if p.grad is None:
-                        p.grad = g
-                    else:
-                        p.grad.add_(g)
-        w.versions.release(state.version, state.params)
+        got = backward_weight(self.passes.pop(u))
+        with torch.no_grad():
+            for p, g in got:
+                if g is None:
+                    continue
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        w.config.versions.release(state.version, state.params)
         w.stats.units += 1  # a unit counts towards throughput when its backward is done
         w.comm.release(w.base + u)  # the graph held the received values until now

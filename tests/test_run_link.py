@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 PDRUN = str(Path(sys.executable).parent / "pdrun")
 
 
@@ -34,3 +36,12 @@ def test_link_reports_a_finite_bandwidth_and_latency_as_json() -> None:
 def test_link_refuses_a_size_below_the_latency_probe() -> None:
     proc = subprocess.run([PDRUN, "link", "--size", "4"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--size" in proc.stderr
+
+
+def test_the_probe_sends_from_cold_buffers_but_never_more_than_it_sends() -> None:
+    from pdrun.link import _COLD_BYTES, cold_sources
+
+    assert len(cold_sources(torch.zeros(2), 7)) == 7  # the 8-byte latency probe: one per round trip
+    big = torch.zeros(_COLD_BYTES // 4 // 4)  # a quarter of the cold bytes in float32
+    sources = cold_sources(big, 7)
+    assert len(sources) == 4 and all(s.shape == big.shape for s in sources)
