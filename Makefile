@@ -28,8 +28,14 @@ $(STAMP): setup.cfg pyproject.toml
 demo: install
 	$(BIN)/python -m bench.demo --out $(OUT)
 
+# Tests run in parallel, one pytest worker per core (pytest-xdist); those marked `serial` time the
+# machine and run alone after the rest. Both parts always run; make fails if either failed.
+TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	rc=0; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not serial" --durations=25 || rc=1; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m serial --durations=5 || rc=1; \
+	exit $$rc
 
 lint: install
 	$(BIN)/ruff check pdprof pdplan pdrun shared tests bench

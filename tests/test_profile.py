@@ -152,6 +152,7 @@ def test_graph_goes_to_stdout_of_a_real_process(user_file: Path) -> None:
     assert "pdprof: " in proc.stderr
 
 
+@pytest.mark.serial  # times the machine: run alone (Makefile)
 def test_time_lands_on_the_layer_that_spends_it(user_file: Path) -> None:
     """A layer sleeping 20 ms in forward and one sleeping 30 ms in backward are charged exactly that."""
     spec = RunSpec(model=f"{user_file}:build_sleepy", data=f"{user_file}:data")
@@ -166,6 +167,7 @@ def test_time_lands_on_the_layer_that_spends_it(user_file: Path) -> None:
     assert graph.timing is not None and graph.timing.ratio == pytest.approx(1.0, abs=0.1)
 
 
+@pytest.mark.serial  # times the machine: run alone (Makefile)
 def test_layer_sum_agrees_with_a_whole_training_step() -> None:
     """On a conv net, forward+backward summed over layers is within 15% of a directly timed step."""
     spec = RunSpec(

@@ -56,6 +56,7 @@ def test_a_cut_step_times_both_parts_backward() -> None:
         assert 30 <= backward < 45
 
 
+@pytest.mark.serial  # times the machine: run alone (Makefile)
 def test_the_profile_records_the_cut_and_what_it_cost() -> None:
     spec = RunSpec(
         model="zoo:mnist_cnn",

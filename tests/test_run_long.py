@@ -25,6 +25,7 @@ from tests.test_run_flush import RESMLP
 STOP = 12  # the injected fault stops the run in the forward of this global unit
 
 
+@pytest.mark.serial  # times the machine: run alone (Makefile)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("schedule", ["1f1b", "1f1b-flush"])
 def test_a_million_steps_reach_their_first_steps_as_fast_as_a_hundred(tmp_path: Path, schedule: str) -> None:
