@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 PDRUN = str(Path(sys.executable).parent / "pdrun")
 
 
+@pytest.mark.serial  # times the machine: run alone (Makefile)
 def test_link_reports_a_finite_bandwidth_and_latency_as_json() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
