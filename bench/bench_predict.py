@@ -126,7 +126,7 @@ def one_round(case: Case, cfg: Config, work: Path, index: int, link: tuple[float
     # median of per-step maxima over the ranks is kept beside it: in asynchronous 1F1B the ranks' steps
     # do not line up, so that figure runs high.)
     t = pdrun_timing(metrics, cfg.warmup)
-    measured = t.seconds / (t.samples / plan.batch_size)
+    measured = t.seconds_per_minibatch(plan.batch_size)
     # Where a gap comes from: the bottleneck's compute as planned, and as measured (the busiest rank's
     # compute share of the interval times the time per unit); the rest is communication and waiting.
     bottleneck = plan.stages[plan.predicted.bottleneck_stage or 0] if plan.predicted else plan.stages[0]

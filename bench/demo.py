@@ -158,7 +158,7 @@ def main() -> int:
 
     result = json.loads(summary.read_text())
     plan_data = json.loads(plan.read_text())
-    measured = _time_per_minibatch(metrics)
+    measured = _time_per_minibatch(metrics, int(plan_data["batch_size"]))
     link_text = (
         f"emulated {bandwidth / 1e6:g} MB/s (each send sleeps bytes / bandwidth), as planned"
         if args.link == "emulate"
@@ -168,13 +168,14 @@ def main() -> int:
     return 0
 
 
-def _time_per_minibatch(metrics: Path) -> float | None:
-    """Seconds per minibatch over the steps after the first ``SETTLE_STEPS`` (1f1b: one minibatch a step)."""
+def _time_per_minibatch(metrics: Path, batch_size: int) -> float | None:
+    """Seconds per minibatch over the steps after the first ``SETTLE_STEPS``, as the planner counts them."""
     try:
         t = pdrun_timing(metrics, SETTLE_STEPS)
     except (OSError, ValueError):
         return None
-    return t.seconds / t.steps if t.steps else None
+    per = t.seconds_per_minibatch(batch_size)
+    return None if math.isnan(per) else per
 
 
 def _fmt(value: object, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:

@@ -105,6 +105,14 @@ class PdrunTiming:
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else math.nan
 
+    def seconds_per_minibatch(self, batch_size: int) -> float:
+        """The planner's time per minibatch, measured: the interval over the minibatches the input stage took in.
+
+        Per minibatch, not per step: a step of a replicated 1f1b stage or of a flushing schedule
+        trains several, and the planner's figure is 1 / throughput in minibatches.
+        """
+        return self.seconds / (self.samples / batch_size) if self.samples else math.nan
+
     @property
     def steady_samples_per_s(self) -> float:
         """Samples per step over the median step time: robust to another job's burst on a shared machine."""
