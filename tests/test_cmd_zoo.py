@@ -15,7 +15,9 @@ PDPROF = Path(sys.executable).parent / "pdprof"
 
 TORCHVISION_COUNTS = {
     "vgg16": 138_357_544,
+    "resnet18": 11_689_512,
     "resnet50": 25_557_032,
+    "mobilenet_v2": 3_504_872,
     "alexnet": 61_100_840,
     "inception_v3": 27_161_264,
 }

@@ -16,7 +16,9 @@ from shared.zoo import registry
 
 TORCHVISION_COUNTS = {
     "vgg16": 138_357_544,
+    "resnet18": 11_689_512,
     "resnet50": 25_557_032,
+    "mobilenet_v2": 3_504_872,
     "alexnet": 61_100_840,
     "inception_v3": 27_161_264,
 }
@@ -95,7 +97,10 @@ def test_traced_module_computes_what_the_model_computes(name: str, mode: str) ->
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("name", "image_size"), [("vgg16", 32), ("resnet50", 64), ("alexnet", 64)])
+@pytest.mark.parametrize(
+    ("name", "image_size"),
+    [("vgg16", 32), ("resnet18", 32), ("resnet50", 64), ("mobilenet_v2", 32), ("alexnet", 64)],
+)
 def test_full_size_vision_model_runs_forward_and_backward(name: str, image_size: int) -> None:
     torch.manual_seed(0)
     model = resolve_model(f"zoo:{name}", {"image_size": image_size}).train()

@@ -7,6 +7,7 @@ from shared.zoo.models import (  # noqa: F401
     gpt,
     hf,
     inception,
+    mobilenet,
     resnet,
     s2vt,
     small,
