@@ -124,8 +124,39 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         allreduce=allreduce,
         step=step,
         blocking_sends=plan.cluster.blocking_sends,
+        ties=tie_costs(graph, plan, owner),
     )
     return costs, sorted(transfer)
+
+
+def tie_costs(graph: LayerGraph, plan: Plan, owner: dict[str, int]) -> list[tuple[tuple[int, ...], float]]:
+    """The ties (pdprof's ``graph.ties``) the plan splits over stages: (their stages, the sum's seconds).
+
+    pdrun sums a tied parameter's gradient over its stages before every step (``pdrun.tied``),
+    a blocking collective. Ties that share a stage are one meeting. The sum costs an all-reduce
+    of the tensor (its size: the smallest parameter bytes among the layers reading it) over the
+    link spanning those stages, plus its latency.
+    """
+    assert plan.cluster is not None
+    levels = plan.cluster.levels
+    nodes = {n.id: n for n in graph.nodes}
+    groups: list[tuple[set[int], float]] = []
+    for layers in graph.graph.get("ties") or []:
+        stages = {owner[layer] for layer in layers if layer in owner}
+        if len(stages) < 2:
+            continue
+        size = min(nodes[layer].parameter_bytes for layer in layers if layer in nodes)
+        for other in [g for g in groups if g[0] & stages]:
+            groups.remove(other)
+            stages |= other[0]
+            size += other[1]
+        groups.append((stages, size))
+    out = []
+    for stages, size in groups:
+        ranks = [r for st in sorted(stages) for r in plan.stages[st].ranks]
+        seconds = allreduce_s(size, len(stages), span_bandwidth(levels, ranks)) + span_latency(levels, ranks)
+        out.append((tuple(sorted(stages)), seconds))
+    return out
 
 
 def span_latency(levels: Sequence[Level], ranks: Sequence[int]) -> float:
@@ -197,7 +228,8 @@ def chunked_costs(costs: Costs, chunks: int) -> Costs:
     for (a, b), t in costs.transfer.items():
         key = (min(a % n, b % n), max(a % n, b % n))
         transfer[key] = max(transfer.get(key, 0.0), t)
-    return replace(costs, transfer=transfer, allreduce=[0.0] * n, step=step, chunks=chunks)
+    # No ties: pdrun refuses a tie across chunks (pdrun.tied.check_ties), so no such plan runs.
+    return replace(costs, transfer=transfer, allreduce=[0.0] * n, step=step, chunks=chunks, ties=())
 
 
 def split_backward(costs: Costs) -> Costs:

@@ -44,6 +44,7 @@ from shared.layout import MemoryFormat, inputs_to_channels_last, module_to_chann
 from shared.malloc import malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
+from shared.ties import tied_layers
 from shared.tracer import TracedModel, parameter_bytes, trace
 
 # (phase, done, total): phase is "tracing", "sizes", "warmup" or "timing".
@@ -397,6 +398,9 @@ def _assemble(
         "cut_backward_ms": fig([b for _, b in cuts]) if cut is not None else None,
         "memory_format": "channels-last" if channels_last else "contiguous",
         "concurrent": config.concurrent,
+        # Layers that read one parameter (a tied embedding and head): pdrun sums its gradient over
+        # the stages holding it, which the planner's simulation charges (pdplan.schedule_sim).
+        "ties": tied_layers(traced),
         "host": platform.node(),
         "device_name": torch.cuda.get_device_name(device)
         if device.type == "cuda"

@@ -30,17 +30,17 @@ may span unreplicated stages only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import fx, nn
+from torch import nn
 
 from pdrun.partition import Partition
 from shared.errors import PlanError
 from shared.plan import Plan
+from shared.ties import parameter_reads
 from shared.tracer import TracedModel
 
 
@@ -59,33 +59,14 @@ class Tie:
         return " = ".join(f"{names[0]} (stage {s})" for s, names in self.names)
 
 
-def _read_parameters(module: nn.Module, node: fx.Node) -> Iterator[tuple[str, nn.Parameter]]:
-    """The parameters a layer reads, by the qualified names the stage module will give them."""
-    if node.op == "call_module":
-        sub = module.get_submodule(str(node.target))
-        for name, p in sub.named_parameters(remove_duplicate=False):
-            yield f"{node.target}.{name}", p
-    elif node.op == "get_attr":
-        obj: Any = module
-        for part in str(node.target).split("."):
-            obj = getattr(obj, part)
-        if isinstance(obj, nn.Parameter):
-            yield str(node.target), obj
-
-
 def find_ties(traced: TracedModel, part: Partition) -> list[Tie]:
     """Every parameter that layers of more than one stage read, in the order the model first reads them."""
-    nodes = traced.fx_nodes()
-    # The export frontend folds a layer's parameters into it (Layer.params: get_attr nodes it reads).
-    folded = {layer.name: layer.params for layer in traced.layers}
     held: dict[int, dict[int, list[str]]] = {}  # id(parameter) -> stage -> names
     for s, layers in enumerate(part.layers):
-        for layer in layers:
-            reads = [nodes[layer], *(nodes[p] for p in folded.get(layer, ()))]
-            for name, p in (pair for node in reads for pair in _read_parameters(traced.module, node)):
-                names = held.setdefault(id(p), {}).setdefault(s, [])
-                if name not in names:
-                    names.append(name)
+        for _, name, p in parameter_reads(traced, layers):
+            names = held.setdefault(id(p), {}).setdefault(s, [])
+            if name not in names:
+                names.append(name)
     return [
         Tie(tuple((s, tuple(names)) for s, names in sorted(stages.items())))
         for stages in held.values()

@@ -53,6 +53,10 @@ class Costs:
     chunks: int = 1
     # A send keeps its worker busy for the transfer (pdrun posting sends itself, an emulated link).
     blocking_sends: bool = False
+    # Tied parameters across stages (pdrun.tied): each is (its stages, the sum's seconds). Before
+    # every step, every worker of those stages sums the tie's gradient with the others, a blocking
+    # collective: a stage's step waits for the other stages' backward of the same unit.
+    ties: Sequence[tuple[tuple[int, ...], float]] = ()
 
     @classmethod
     def uniform(
@@ -138,6 +142,11 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
     arrived: dict[tuple[str, Worker, Worker, int, int], float] = {}  # message -> arrival time
     waiting: dict[tuple[str, Worker, Worker, int, int], Worker] = {}  # message -> receiver stuck on it
     joined: dict[tuple[int, int], dict[Worker, float]] = {}  # (stage, round) -> worker -> time it came
+    # Tied stages: the workers of each tie's stages meet before every step (their i-th step with the i-th).
+    tie_of = {stage: i for i, (stages, _) in enumerate(costs.ties) for stage in stages}
+    tie_workers = [sum(replicas.get(st, 0) for st in stages) for stages, _ in costs.ties]
+    tie_rounds = dict.fromkeys(program, 0)
+    tie_joined: dict[tuple[int, int], dict[Worker, float]] = {}
     ops: list[Op] = []
     ready = deque(sorted(program))
     queued = set(ready)
@@ -154,7 +163,19 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
         while pc[w] < len(instrs):
             ins = instrs[pc[w]]
             t = clock[w]
-            if ins.kind in COMPUTE or ins.kind is Kind.STEP:
+            if ins.kind is Kind.STEP and w[0] in tie_of:
+                tie = tie_of[w[0]]
+                group = tie_joined.setdefault((tie, tie_rounds[w]), {})
+                group.setdefault(w, t)
+                if len(group) < tie_workers[tie]:
+                    break
+                t = max(group.values()) + costs.ties[tie][1]
+                end = t + costs.of(ins, w[0])
+                tie_rounds[w] += 1
+                for other in group:
+                    if other != w:
+                        wake(other)
+            elif ins.kind in COMPUTE or ins.kind is Kind.STEP:
                 end = t + costs.of(ins, w[0])
             elif ins.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
                 assert ins.peer is not None

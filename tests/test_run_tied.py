@@ -189,3 +189,26 @@ def test_interleaved_refuses_a_tie_before_training() -> None:
         PlanError, match=r"wte\.weight \(stage 0\).*interleaved-1f1b does not sum tied gradients"
     ):
         launch(plan, RunConfig(steps=2, validate=False))
+
+
+def test_pdprof_records_ties_and_the_simulation_charges_their_sum() -> None:
+    # The profile names the layers reading one parameter; a plan that puts them on two stages
+    # waits at every 1f1b step for the other stage's backward (pdrun.tied), and its simulated time
+    # per unit is above the same plan's without the tie. One stage: nothing to sum, no change.
+    from pdplan.schedule_sim import simulate_plan
+    from pdprof.profiler import ProfileConfig, profile_spec
+    from shared.plan import Cluster, Level
+
+    graph = profile_spec(ProfileConfig(GPT, batch_size=4, warmup=1, repeats=2)).graph
+    assert graph.graph["ties"] == [["wte", "lm_head"]]
+    untied = graph.model_copy(update={"graph": {**graph.graph, "ties": []}})
+    cluster = Cluster(levels=[Level(workers=2, bandwidth=1e9)])
+    split = cut_plan(GPT, ["h_1_ln_1"], batch_size=4).model_copy(update={"cluster": cluster})
+    assert (
+        simulate_plan(graph, split).time_per_minibatch_s
+        > 1.2 * simulate_plan(untied, split).time_per_minibatch_s
+    )
+    one = cut_plan(GPT, [], batch_size=4).model_copy(
+        update={"cluster": Cluster(levels=[Level(workers=1, bandwidth=1e9)])}
+    )
+    assert simulate_plan(graph, one).time_per_minibatch_s == simulate_plan(untied, one).time_per_minibatch_s

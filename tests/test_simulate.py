@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -102,6 +103,23 @@ def test_all_reduce_waits_for_the_slowest_replica() -> None:
     assert timeline[((0, 1), "B1")] == (5.0, 6.0)
     assert timeline[((0, 0), "AR0")] == (6.0, 6.0)  # started when the last replica came
     assert run.idle[(0, 0)] == pytest.approx(run.makespan - 2.0)
+
+
+@pytest.mark.parametrize("tie", [0.0, 0.5])
+def test_a_tie_across_stages_makes_each_step_wait_for_both(tie: float) -> None:
+    # Two stages, f = b = 1, one parameter tied across them (pdrun sums its gradient before every
+    # step). Stage 1's step of unit u waits for stage 0's backward of u, so stage 1 forwards u + 1
+    # only after it: B1(u), B0(u), the sum, F1(u + 1), then B1(u + 1): 3 + tie a unit, not 1F1B's 2.
+    program = build_program("1f1b", [1, 1], 32)
+    untied = simulate(program, Costs.uniform(2))
+    tied = simulate(program, replace(Costs.uniform(2), ties=[((0, 1), tie)]))
+    assert untied.time_per_unit == pytest.approx(2.0)
+    assert tied.time_per_unit == pytest.approx(3.0 + tie)
+    # A flush step drains anyway: the stages meet at its end, and the tie costs nothing more.
+    flush = build_program("1f1b-flush", [1, 1], 16, microbatches=4)
+    assert simulate(flush, replace(Costs.uniform(2), ties=[((0, 1), 0.0)])).time_per_unit == pytest.approx(
+        simulate(flush, Costs.uniform(2)).time_per_unit
+    )
 
 
 def test_times_do_not_depend_on_worker_order() -> None:
