@@ -18,9 +18,12 @@ from shared.spec import RunSpec
 from shared.tables import RUN_METRICS, load_table
 
 MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mnist5k")
-# On CPU the measured peak also holds the allocator's slack, message buffers and the batch; the
-# model holds weights, gradients, optimizer state and saved activations. Stated bound: within 3x.
-FACTOR = 3.0
+# The model holds weights, gradients, optimizer state and saved activations; on CPU the measured
+# peak (the heap trimmed at the start, pdrun.peak) also holds what the first steps set up and keep:
+# the allocator's slack, kernel workspaces, message buffers, the batch. Measured on the MNIST CNN:
+# 24-36 MB a process beyond the model (bench_memory). Stated bound: the model's parts are all there
+# (measured >= 0.9 x predicted), and what is beyond them is under 64 MB.
+OVERHEAD = 64e6
 
 
 @pytest.mark.timeout(240)
@@ -41,8 +44,8 @@ def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -
     for m in memory:
         assert set(m["measured_bytes"]) == set(plan.stages[m["stage"]].ranks)  # one figure per rank
         assert m["predicted_bytes"] > 0
-        ratio = m["measured_over_predicted"]
-        assert 1 / FACTOR <= ratio <= FACTOR, memory
+        measured = max(m["measured_bytes"].values())
+        assert 0.9 * m["predicted_bytes"] <= measured <= m["predicted_bytes"] + OVERHEAD, memory
     # The column round-trips through the metrics file; a file without it (older pdrun) still loads.
     path = tmp_path / "run.parquet"
     save(results, str(path), plan, {})
