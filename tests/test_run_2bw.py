@@ -19,22 +19,26 @@ from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequentia
 
 
 def two_bw_by_hand(
-    steps: int, batch: int, microbatches: int, seed: int, lr: float
+    steps: int, batch: int, microbatches: int, seed: int, lr: float, momentum: float = 0.0
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
-    """Final weights and every version W(0..steps) of 2BW with plain SGD: step t's gradient on W(max(0, t-1))."""
+    """Final weights and every version W(0..steps) of 2BW: step t's gradient on W(max(0, t-1)), applied
+    to W(t) by SGD (with heavy-ball ``momentum``, torch's rule: v = momentum v + g, W -= lr v)."""
     assert RESMLP.model is not None and RESMLP.data is not None
     torch.manual_seed(seed)
     model = resolve_model(RESMLP.model, RESMLP.model_args).to(torch.float64)
     data = resolve_dataset(RESMLP.data, RESMLP.data_args)
     loss_fn = resolve_loss(RESMLP.loss)
     versions = [{k: v.detach().clone() for k, v in model.named_parameters()}]
+    velocity: dict[str, torch.Tensor] = {}
     for t in range(steps):
         used = {k: v.clone().requires_grad_(True) for k, v in versions[max(0, t - 1)].items()}
         # The step's m microbatches are one batch of m x batch samples; the loss is their mean.
         x, y = unit_batch(data, t, batch * microbatches, seed, torch.float64)
         loss = loss_fn(functional_call(model, used, (x,)), y)
         grads = torch.autograd.grad(loss, list(used.values()))
-        versions.append({k: versions[t][k] - lr * g for (k, _), g in zip(used.items(), grads, strict=True)})
+        for k, g in zip(used, grads, strict=True):
+            velocity[k] = g.clone() if k not in velocity else momentum * velocity[k] + g
+        versions.append({k: versions[t][k] - lr * velocity[k] for k in used})
     return versions[-1], versions
 
 
@@ -61,3 +65,19 @@ def test_2bw_follows_its_update_rule(cuts: list[int], microbatches: int) -> None
         assert sorted(u for u, _, _ in seen) == list(range(steps * microbatches))
         for u, fwd, bwd in seen:
             assert fwd == bwd == two_bw_version(u, microbatches), (r.stage, u, fwd, bwd)
+
+
+@pytest.mark.timeout(120)
+def test_2bw_with_momentum_follows_its_update_rule() -> None:
+    # The momentum buffer lives on the live weights and takes each step's (one step late) gradient.
+    batch, steps, seed, lr, momentum = 8, 6, 2, 0.3, 0.9
+    plan = cut_plan(RESMLP, [5], batch_size=batch, schedule="2bw", microbatches=2)
+    cfg = RunConfig(
+        steps=steps, seed=seed, dtype="float64", lr=lr, momentum=momentum, record=True, validate=False
+    )
+    results = launch(plan, cfg)
+    assert results is not None
+    want, _ = two_bw_by_hand(steps, batch, 2, seed, lr, momentum)
+    assert_same(pipeline_params(results), want, 1e-6)
+    plain, _ = two_bw_by_hand(steps, batch, 2, seed, lr)
+    assert max((plain[k] - want[k]).abs().max().item() for k in want) > 1e-3  # momentum is there
