@@ -178,3 +178,27 @@ def test_a_flush_plan_of_replicas_defaults_to_a_unit_per_replica(tmp_path: Path,
     plan = load_plan(out)
     assert [s.replicas for s in plan.stages] == [2]
     assert plan.microbatches == 2
+
+
+def test_a_cpu_profile_taken_alone_is_noted_when_workers_share_a_host(vgg: Path, tmp_path: Path) -> None:
+    # A CPU profile records how many busy workers it was taken beside (graph.concurrent); planning more
+    # workers on one host than that says so, once, and how to profile as they will run.
+    data = json.loads(vgg.read_text())
+    for concurrent, workers, noted in [(1, 2, True), (2, 2, False), (1, 1, False), (2, 4, True)]:
+        data["device"], data["graph"]["concurrent"] = "cpu", concurrent
+        graph = tmp_path / f"cpu-{concurrent}.json"
+        graph.write_text(json.dumps(data))
+        done = _run(
+            [str(BIN / "pdplan"), str(graph), "--workers", str(workers), "--bandwidth", "1e9"]
+            + ["--schedule", "1f1b", "-o", str(tmp_path / "plan.json")]
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        err = done.stderr.decode()
+        assert (f"pdprof --concurrent {workers} profiles as they will run" in err) is noted, err
+    # A GPU profile's workers have a device each: nothing to say.
+    assert (
+        "note:"
+        not in _run(
+            [str(BIN / "pdplan"), str(vgg), "--workers", "2", "--bandwidth", "1e9", "--schedule", "1f1b"]
+        ).stderr.decode()
+    )
