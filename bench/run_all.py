@@ -74,7 +74,8 @@ def _run_internal(name: str, fn: Callable[[], Report], log: list[str]) -> Report
 
 
 def _run_external(name: str, cmd: list[str], timeout_s: float, log: list[str]) -> dict[str, Any] | None:
-    if importlib.util.find_spec(f"bench.{name}") is None:
+    module = cmd[cmd.index("-m") + 1]  # bench_planner_auto is bench.bench_planner --auto
+    if importlib.util.find_spec(module) is None:
         log.append(f"- `{name}`: not present in this checkout, skipped")
         return None
     console.rule(f"[bold]{name}")
