@@ -51,46 +51,29 @@ class Case:
 # VGG-16 recipes at 3x32x32 and transformers' BERT and GPT-2 from small configs, each in two stages of
 # 1F1B at batch 16, with pdprof's defaults.
 _IMAGES = {"image_size": 32, "num_classes": 10, "size": 512}
+
+
+def _image_case(name: str, model: str, **model_args: Any) -> Case:
+    """A torchvision-style CNN on 3x32x32 synthetic images, 10 classes, 150 timed steps."""
+    return Case(
+        name,
+        model,
+        "zoo:synthetic_images",
+        16,
+        2,
+        None,
+        model_args={"num_classes": 10, "image_size": 32, **model_args},
+        data_args=_IMAGES,
+        steps=150,
+        profile_args=(),
+        tolerance=0.15,
+    )
+
+
 REAL_CASES = (
-    Case(
-        "ResNet-18, 2 stages",
-        "zoo:resnet18",
-        "zoo:synthetic_images",
-        16,
-        2,
-        None,
-        model_args={"num_classes": 10, "image_size": 32},
-        data_args=_IMAGES,
-        steps=150,
-        profile_args=(),
-        tolerance=0.15,
-    ),
-    Case(
-        "MobileNetV2, 2 stages",
-        "zoo:mobilenet_v2",
-        "zoo:synthetic_images",
-        16,
-        2,
-        None,
-        model_args={"num_classes": 10, "image_size": 32},
-        data_args=_IMAGES,
-        steps=150,
-        profile_args=(),
-        tolerance=0.15,
-    ),
-    Case(
-        "VGG-16 (half width), 2 stages",
-        "zoo:vgg16",
-        "zoo:synthetic_images",
-        16,
-        2,
-        None,
-        model_args={"num_classes": 10, "image_size": 32, "widths": [32, 64, 128, 256, 256], "hidden": 512},
-        data_args=_IMAGES,
-        steps=150,
-        profile_args=(),
-        tolerance=0.15,
-    ),
+    _image_case("ResNet-18, 2 stages", "zoo:resnet18"),
+    _image_case("MobileNetV2, 2 stages", "zoo:mobilenet_v2"),
+    _image_case("VGG-16 (half width), 2 stages", "zoo:vgg16", widths=[32, 64, 128, 256, 256], hidden=512),
     Case(
         "BERT (transformers, 4 x 64), 2 stages",
         "zoo:hf_bert",

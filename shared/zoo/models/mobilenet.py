@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from shared.zoo.models.checks import check_image_size, check_positive
+from shared.zoo.models.init import init_conv_linear
 from shared.zoo.registry import register_model
 
 # (expansion t, output channels c, repeats n, first stride s) of each bottleneck sequence: Table 2.
@@ -75,15 +76,7 @@ class MobileNetV2(nn.Module):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, num_classes))
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
+        init_conv_linear(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))

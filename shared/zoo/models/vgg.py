@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from shared.zoo.models.checks import check_image_size
+from shared.zoo.models.init import init_conv_linear
 from shared.zoo.registry import register_model
 
 # Convolutions per block of configuration D; a max-pool closes each block.
@@ -38,14 +39,7 @@ class VGG(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(hidden, num_classes),
         )
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
+        init_conv_linear(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
