@@ -189,8 +189,10 @@ def test_a_cpu_profile_taken_alone_is_noted_when_workers_share_a_host(vgg: Path,
         graph = tmp_path / f"cpu-{concurrent}.json"
         graph.write_text(json.dumps(data))
         done = _run(
-            [str(BIN / "pdplan"), str(graph), "--workers", str(workers), "--bandwidth", "1e9"]
-            + ["--schedule", "1f1b", "-o", str(tmp_path / "plan.json")]
+            [
+                *(str(BIN / "pdplan"), str(graph), "--workers", str(workers), "--bandwidth", "1e9"),
+                *("--schedule", "1f1b", "-o", str(tmp_path / "plan.json")),
+            ]
         )
         assert done.returncode == 0, done.stderr.decode()
         err = done.stderr.decode()
