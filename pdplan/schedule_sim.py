@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pdplan.costs import allreduce_s, span_bandwidth
-from shared.graph import LayerGraph
+from shared.graph import LayerGraph, Node
 from shared.plan import Level, Plan
 from shared.schedule import build_program
 from shared.simulate import Costs, simulate
@@ -124,12 +124,14 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         allreduce=allreduce,
         step=step,
         blocking_sends=plan.cluster.blocking_sends,
-        ties=tie_costs(graph, plan, owner),
+        ties=tie_costs(graph, plan, owner, nodes),
     )
     return costs, sorted(transfer)
 
 
-def tie_costs(graph: LayerGraph, plan: Plan, owner: dict[str, int]) -> list[tuple[tuple[int, ...], float]]:
+def tie_costs(
+    graph: LayerGraph, plan: Plan, owner: dict[str, int], nodes: dict[str, Node]
+) -> list[tuple[tuple[int, ...], float]]:
     """The ties (pdprof's ``graph.ties``) the plan splits over stages: (their stages, the sum's seconds).
 
     pdrun sums a tied parameter's gradient over its stages before every step (``pdrun.tied``),
@@ -139,7 +141,6 @@ def tie_costs(graph: LayerGraph, plan: Plan, owner: dict[str, int]) -> list[tupl
     """
     assert plan.cluster is not None
     levels = plan.cluster.levels
-    nodes = {n.id: n for n in graph.nodes}
     groups: list[tuple[set[int], float]] = []
     for layers in graph.graph.get("ties") or []:
         stages = {owner[layer] for layer in layers if layer in owner}

@@ -156,6 +156,20 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
             queued.add(w)
             ready.append(w)
 
+    def meet(
+        table: dict[tuple[int, int], dict[Worker, float]], key: tuple[int, int], size: int, w: Worker
+    ) -> float | None:
+        """Worker ``w`` joins collective ``key`` of ``size`` workers at its clock: None until all came,
+        then (the others woken) the time the last came."""
+        group = table.setdefault(key, {})
+        group.setdefault(w, clock[w])
+        if len(group) < size:
+            return None
+        for other in group:
+            if other != w:
+                wake(other)
+        return max(group.values())
+
     while ready:
         w = ready.popleft()
         queued.discard(w)
@@ -165,16 +179,12 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
             t = clock[w]
             if ins.kind is Kind.STEP and w[0] in tie_of:
                 tie = tie_of[w[0]]
-                group = tie_joined.setdefault((tie, tie_rounds[w]), {})
-                group.setdefault(w, t)
-                if len(group) < tie_workers[tie]:
+                met = meet(tie_joined, (tie, tie_rounds[w]), tie_workers[tie], w)
+                if met is None:
                     break
-                t = max(group.values()) + costs.ties[tie][1]
+                t = met + costs.ties[tie][1]
                 end = t + costs.of(ins, w[0])
                 tie_rounds[w] += 1
-                for other in group:
-                    if other != w:
-                        wake(other)
             elif ins.kind in COMPUTE or ins.kind is Kind.STEP:
                 end = t + costs.of(ins, w[0])
             elif ins.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
@@ -192,16 +202,12 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
                     break
                 t = end = max(t, arrived.pop(key))
             else:  # ALLREDUCE: a collective among the stage's replicas
-                group = joined.setdefault((w[0], rounds_done[w]), {})
-                group.setdefault(w, t)
-                if len(group) < replicas[w[0]]:
+                met = meet(joined, (w[0], rounds_done[w]), replicas[w[0]], w)
+                if met is None:
                     break
-                t = max(group.values())
+                t = met
                 end = t + costs.of(ins, w[0])
                 rounds_done[w] += 1
-                for other in group:
-                    if other != w:
-                        wake(other)
             ops.append(Op(w, pc[w], ins, t, end))
             clock[w] = end
             pc[w] += 1
