@@ -1,6 +1,7 @@
 """The planner's predicted peak memory per stage (``pdplan.memory``) against pdrun's measured one.
 
-Each case profiles a model (pdprof's library call, its defaults), cuts it into two stages,
+Each case profiles a model (pdprof's command line, its defaults: a process of its own, so that
+its memory probe counts from a fresh heap, as a user's does), cuts it into two stages,
 records the memory model's prediction in the plan (with the optimizer pdrun runs) and runs
 it with pdrun (two CPU workers, gloo); pdrun records each worker's peak
 (``pdrun.peak``: the stage's parameters plus the high-water RSS rise once it is built).
@@ -16,13 +17,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import toolchain
 from bench.measure import Figure, Report, main_of
 from pdplan.build import with_memory
-from pdprof.profiler import ProfileConfig, profile_spec
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.metrics import summary
 from pdrun.plans import cut_plan
+from shared.graph import load_graph
 from shared.plan import Cluster, Level, Schedule
 from shared.spec import RunSpec
 from shared.zoo.models.gpt import PYDOC_VOCAB
@@ -65,7 +67,17 @@ def bench(work: Path, steps: int) -> Report:
     for case in CASES:
         key = (case.spec.model, case.batch_size)
         if key not in graphs:
-            graphs[key] = profile_spec(ProfileConfig(case.spec, batch_size=case.batch_size)).graph
+            out = work / f"memory-{len(graphs)}-graph.json"
+            assert case.spec.model is not None and case.spec.data is not None
+            toolchain.profile(
+                out,
+                case.spec.model,
+                case.spec.data,
+                case.batch_size,
+                case.spec.model_args,
+                case.spec.data_args,
+            )
+            graphs[key] = load_graph(out)
         graph = graphs[key]
         plan = cut_plan(
             case.spec,

@@ -12,6 +12,18 @@ for their gradients, and the copy the sender saved is the sender's):
     gradients   = P
     optimizer   = k x P          (k = 0 for plain SGD, 1 for SGD with momentum, 2 for Adam)
     activations = held x A
+    overhead    = R - (P_all + A_all)   (once per worker process)
+
+The overhead is what a process training the model holds beyond the model's own tensors: the
+library code and oneDNN kernels its first steps page in, the kernels' caches and scratch
+buffers, and the free blocks glibc's heap keeps (pdrun, like pdprof, fixes malloc's
+thresholds and never trims). It is measured, not modelled: pdprof runs the whole model's
+first training steps and records the high-water rise ``R`` (``graph.memory_rise_bytes``,
+``shared.highwater``), and the part of ``R`` the terms above do not explain (the whole
+model as one stage, one unit held, plain SGD: gradients ``P_all`` and saved activations
+``A_all``) is charged to every worker once. On ResNet-18 at batch 16 on CPU it is about
+45 MB, of which about 20 MB is library code: more than the MNIST CNN's whole stage. A graph
+without the probe (an imported PipeDream profile, a graph from before it) has none.
 
 ``held`` is the most units the worker has forwarded and not yet backwarded at once, read
 off the schedule's own program (``shared.schedule.max_in_flight``), not from a second
@@ -124,10 +136,25 @@ def _chunk_peak(instrs: Sequence[Instr], chunk: int) -> int:
     return peak
 
 
+def process_overhead(graph: LayerGraph) -> float:
+    """Bytes a worker's process holds beyond the model's tensors: pdprof's measured rise less the
+    model's own terms for the whole model as one stage (0 when the graph measured none)."""
+    measured = graph.graph.get("memory_rise_bytes")
+    if not isinstance(measured, (int, float)) or not math.isfinite(measured):
+        return 0.0
+    own = sum(n.parameter_bytes for n in graph.nodes) + saved_per_unit(graph, [n.id for n in graph.nodes])
+    return max(0.0, float(measured) - own)
+
+
 def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[int]) -> list[StageMemory]:
-    """The memory model's parts for every stage of ``plan`` (``held`` from :func:`held_units`)."""
+    """The memory model's parts for every stage of ``plan`` (``held`` from :func:`held_units`).
+
+    The process overhead goes to one stage per worker (an interleaved worker's first chunk):
+    a worker is one process, however many chunks it runs."""
     nodes = {n.id: n for n in graph.nodes}
     k = OPTIMIZER_STATE[optimizer]
+    overhead = process_overhead(graph)
+    workers = len(plan.stages) // plan.virtual_stages
     out = []
     for s, stage in enumerate(plan.stages):
         p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
@@ -140,6 +167,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
         else:
             versions = max(1, held[s])
         a = saved_per_unit(graph, stage.layers) + received_per_unit(graph, stage.layers)
+        extra = overhead if s < workers else 0.0
         out.append(
             StageMemory(
                 weight_bytes=versions * p,
@@ -148,7 +176,8 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
                 optimizer_bytes=k * p,
                 activation_bytes=held[s] * a,
                 units_held=held[s],
-                total_bytes=versions * p + p + k * p + held[s] * a,
+                overhead_bytes=extra,
+                total_bytes=versions * p + p + k * p + held[s] * a + extra,
             )
         )
     return out

@@ -74,6 +74,11 @@ class StageMemory(Strict):
     optimizer_bytes: float = Field(ge=0, description="optimizer state (momentum, Adam's moments)")
     activation_bytes: float = Field(ge=0, description="saved for backward, times the units held")
     units_held: int = Field(ge=0, description="most units forwarded and not yet backwarded at once")
+    overhead_bytes: float = Field(
+        default=0,
+        ge=0,
+        description="what the worker's process holds beyond the model's tensors (pdprof's memory probe)",
+    )
     total_bytes: float = Field(ge=0)
 
 

@@ -114,6 +114,37 @@ def test_without_saved_bytes_the_outputs_count() -> None:
     ]
 
 
+def test_the_measured_process_overhead_goes_once_to_every_worker() -> None:
+    # pdprof's probe rose 10,000 bytes over the whole model's first steps; the model's own terms for
+    # it (one stage, one unit, plain SGD: gradients 600 + saved 60) leave 9,340 to the process.
+    base = _totals(_plan(_graph(), "1f1b"))
+    probed = _graph().model_copy(update={"graph": {"memory_rise_bytes": 10_000.0}})
+    plan = _plan(probed, "1f1b")
+    assert [s.predicted.memory.overhead_bytes for s in plan.stages] == [9340.0] * 3  # type: ignore[union-attr]
+    assert _totals(plan) == [b + 9340.0 for b in base]
+    # A rise the model's terms explain leaves none; so does a graph without the probe.
+    explained = _graph().model_copy(update={"graph": {"memory_rise_bytes": 500.0}})
+    assert _totals(_plan(explained, "1f1b")) == base
+    # An interleaved worker is one process: its first chunk carries the overhead, the second none.
+    chunks = [
+        Stage(layers=ls, replicas=1, ranks=[i % 2]) for i, ls in enumerate([["x"], ["a"], ["b"], ["c"]])
+    ]
+    chunked = with_memory(
+        Plan(
+            graph_hash=probed.structure_hash(),
+            batch_size=4,
+            schedule="interleaved-1f1b",
+            microbatches=2,
+            virtual_stages=2,
+            world_size=2,
+            cluster=Cluster(levels=[Level(workers=2, bandwidth=1e9)]),
+            stages=chunks,
+        ),
+        probed,
+    )
+    assert [s.predicted.memory.overhead_bytes for s in chunked.stages] == [9340.0, 9340.0, 0.0, 0.0]  # type: ignore[union-attr]
+
+
 def test_every_stage_of_a_planned_graph_has_its_memory() -> None:
     plan = make_plan(_graph(), PlanConfig(workers=(3,), bandwidths=(1e9,), straight=True))
     assert len(plan.stages) == 3

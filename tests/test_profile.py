@@ -251,3 +251,18 @@ def test_threads_are_fixed_recorded_and_restored(user_file: Path) -> None:
     assert result.graph.threads == 2 and result.table_meta["threads"] == 2
     assert result.graph.timing is not None and "2 thread(s)" in result.graph.timing.method
     assert torch.get_num_threads() == before
+
+
+def test_the_memory_probe_sees_the_gradients_of_the_whole_model() -> None:
+    """The graph records the high-water rise of the model's first steps, which holds every gradient."""
+    spec = RunSpec(
+        model="zoo:resmlp",
+        model_args={"width": 512, "depth": 4},
+        data="zoo:synthetic",
+        data_args={"size": 256, "shape": (64,)},
+    )
+    graph = profile_spec(ProfileConfig(spec, batch_size=128, warmup=0, repeats=1)).graph
+    params = sum(n.parameter_bytes for n in graph.nodes)
+    assert params > 4e6  # four 512 x 512 layers: the rise below is not lost in the noise of a page
+    rise = graph.graph["memory_rise_bytes"]
+    assert params <= rise < params + 500e6, (params, rise)

@@ -3,32 +3,49 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pdplan.build import with_memory
-from pdprof.profiler import ProfileConfig, profile_spec
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.metrics import frame, save, summary
 from pdrun.plans import cut_plan
+from shared.graph import load_graph
 from shared.plan import Cluster, Level
 from shared.spec import RunSpec
 from shared.tables import RUN_METRICS, load_table
 
 MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mnist5k")
-# The model holds weights, gradients, optimizer state and saved activations; on CPU the measured
-# peak (the heap trimmed at the start, pdrun.peak) also holds what the first steps set up and keep:
-# the allocator's slack, kernel workspaces, message buffers, the batch. Measured on the MNIST CNN:
-# 24-36 MB a process beyond the model (bench_memory). Stated bound: the model's parts are all there
-# (measured >= 0.9 x predicted), and what is beyond them is under 64 MB.
-OVERHEAD = 64e6
+# The model holds weights, gradients, optimizer state and saved activations, and each process what
+# pdprof's memory probe measured beyond the whole model's tensors (library code, kernel caches,
+# the allocator's slack: pdplan.memory). A stage's own share of that overhead is not the whole
+# model's: over seven models' stages (bench_predict) measured / predicted ran 0.70-1.40, where
+# without the overhead it ran 1.5-7.6. Stated band: within that spread.
+LOW, HIGH = 0.6, 1.5
 
 
 @pytest.mark.timeout(240)
 def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -> None:
-    graph = profile_spec(ProfileConfig(MNIST, batch_size=64, warmup=1, repeats=2)).graph
+    # In a process of its own, as a user runs pdprof: the memory probe counts from a fresh heap, where
+    # this test process has paged in and freed what every earlier test ran.
+    out = tmp_path / "graph.json"
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "pdprof"),
+            *("--model", "zoo:mnist_cnn", "--model-arg", "channels=16", "--data", "zoo:mnist5k"),
+            *("--batch-size", "64", "--warmup", "1", "--repeats", "2", "-o", str(out)),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    graph = load_graph(out)
     plan = cut_plan(MNIST, ["conv2"], batch_size=64, schedule="1f1b-flush", microbatches=4)
     plan = plan.model_copy(
         update={"cluster": Cluster(levels=[Level(workers=2, bandwidth=1e9)], optimizer="momentum")}
@@ -45,7 +62,7 @@ def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -
         assert set(m["measured_bytes"]) == set(plan.stages[m["stage"]].ranks)  # one figure per rank
         assert m["predicted_bytes"] > 0
         measured = max(m["measured_bytes"].values())
-        assert 0.9 * m["predicted_bytes"] <= measured <= m["predicted_bytes"] + OVERHEAD, memory
+        assert LOW <= measured / m["predicted_bytes"] <= HIGH, memory
     # The column round-trips through the metrics file; a file without it (older pdrun) still loads.
     path = tmp_path / "run.parquet"
     save(results, str(path), plan, {})
