@@ -27,6 +27,7 @@ from pdrun.config import RunConfig
 from pdrun.env import DistEnv
 from pdrun.result import WorkerResult
 from pdrun.shape import pipeline_of, segments
+from pdrun.step_rows import StepRows
 from pdrun.transport import Transport
 from pdrun.worker import PARTS, StepStats, Worker
 from shared.errors import UserError
@@ -121,7 +122,7 @@ def run_chunks(
     comm.drain()
 
 
-def rank_rows(chunks: list[Worker], shown: Worker) -> list[dict[str, Any]]:
+def rank_rows(chunks: list[Worker], shown: Worker) -> StepRows:
     """The rank's step rows: the shown chunk's, with the time of every chunk summed (the rank ran them all).
 
     Each chunk's worker times only its own instructions; a row with one chunk's would count the
@@ -130,10 +131,10 @@ def rank_rows(chunks: list[Worker], shown: Worker) -> list[dict[str, Any]]:
     if any(len(w.step_rows) != len(shown.step_rows) for w in chunks):
         return shown.step_rows
     timed = ("compute_s", "comm_s", "idle_s", *PARTS)
-    return [
-        {**row, **{col: sum(w.step_rows[i][col] for w in chunks) for col in timed}}
-        for i, row in enumerate(shown.step_rows)
-    ]
+    rows = StepRows()
+    for i, row in enumerate(shown.step_rows):
+        rows.append({**row, **{col: sum(w.step_rows.columns[col][i] for w in chunks) for col in timed}})
+    return rows
 
 
 def train_interleaved(

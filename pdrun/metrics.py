@@ -18,6 +18,7 @@ import pandas as pd
 
 from pdrun.result import WorkerResult
 from pdrun.shape import units_per_step
+from pdrun.step_rows import INT_FIELDS
 from pdrun.worker import PARTS
 from shared.plan import Plan
 from shared.tables import RUN_METRICS, save_table
@@ -43,7 +44,7 @@ def frame(results: list[WorkerResult]) -> pd.DataFrame:
     """Every rank's step rows as one table, by step then rank."""
     rows = [row for r in results for row in r.rows]
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    for col in ("step", "rank", "stage", "replica", "versions"):
+    for col in INT_FIELDS:
         df[col] = df[col].astype("int64")
     return df.sort_values(["step", "rank"], kind="stable").reset_index(drop=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ class WorkerResult:
     steps: int  # the run's optimizer steps (pdrun.shape.units_per_step units each), the same on every rank
     units: int
     wall_s: float
-    rows: list[dict[str, Any]]
+    rows: Sequence[dict[str, Any]]  # pdrun.step_rows.StepRows from a worker
     events: list[dict[str, Any]]
     validation: list[dict[str, Any]] = field(default_factory=list)  # per epoch: loss_sum, correct, count
     versions: list[dict[str, Any]] = field(

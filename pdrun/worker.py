@@ -22,6 +22,7 @@ from pdrun import peak
 from pdrun.data import Units, to_device
 from pdrun.faults import Fault
 from pdrun.overlap import OverlappedAllReduce
+from pdrun.step_rows import StepRows
 from pdrun.transport import TAG_ACT, TAG_GRAD, TAG_VAL, PostedRecv, Transport
 from pdrun.values import decode, encode, grad_leaves, grad_specs, leaves
 from pdrun.weights import Params, fingerprint
@@ -111,7 +112,7 @@ class Worker:
         self.outbox: dict[tuple[Kind, int, int], list[torch.Tensor]] = {}
         self.steps = c.steps  # this worker's own optimizer updates
         self.stats = StepStats(time.perf_counter())
-        self.step_rows: list[dict[str, Any]] = []
+        self.step_rows = StepRows()
         self.events: list[dict[str, Any]] = []
         self.version_log: list[dict[str, Any]] = []
         self.DISPATCH: dict[Kind, Callable[[Instr], None]] = {
@@ -402,26 +403,25 @@ class Worker:
         now = time.perf_counter()
         st = self.stats
         wall = max(now - st.start, 1e-9)
-        self.step_rows.append(
-            {
-                "step": self.run_steps - 1,
-                "loss": sum(st.losses) / len(st.losses) if st.losses else math.nan,
-                "rank": self.config.rank,
-                "stage": self.s,
-                "replica": self.config.replica,
-                "samples_per_s": st.units * self.config.units.batch_size / wall,
-                "compute_s": st.compute_s,
-                "comm_s": st.comm_s,
-                "idle_s": st.idle_s,
-                **{column: sum(st.by_kind.get(k, 0.0) for k in kinds) for column, kinds in PARTS.items()},
-                "wall_s": wall,
-                "versions": self.config.versions.held(),
-                "peak_memory_bytes": peak.peak_bytes(),
-            }
-        )
+        row = {
+            "step": self.run_steps - 1,
+            "loss": sum(st.losses) / len(st.losses) if st.losses else math.nan,
+            "rank": self.config.rank,
+            "stage": self.s,
+            "replica": self.config.replica,
+            "samples_per_s": st.units * self.config.units.batch_size / wall,
+            "compute_s": st.compute_s,
+            "comm_s": st.comm_s,
+            "idle_s": st.idle_s,
+            **{column: sum(st.by_kind.get(k, 0.0) for k in kinds) for column, kinds in PARTS.items()},
+            "wall_s": wall,
+            "versions": self.config.versions.held(),
+            "peak_memory_bytes": peak.peak_bytes(),
+        }
+        self.step_rows.append(row)
         self.stats = StepStats(now)
         if self.config.on_step is not None:
-            self.config.on_step(self.step_rows[-1])
+            self.config.on_step(row)
 
     # ------------------------------------------------------------------ validation
 
