@@ -19,6 +19,19 @@ from shared.spec import RunSpec, TraceOptions
 from shared.tables import PROFILE_TABLE, save_table
 
 
+def _concurrent(value: str | int) -> int | None:
+    """``--concurrent``: a count of at least 1, or ``auto`` (None: pdprof.profiler.auto_concurrent)."""
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise click.BadParameter(f"{value!r}: expected a count of at least 1, or auto")
+    return n
+
+
 @contextmanager
 def _progress_bar() -> Iterator[Progress]:
     real = rich_console()
@@ -117,11 +130,12 @@ def _progress_bar() -> Iterator[Progress]:
 )
 @click.option(
     "--concurrent",
-    default=1,
+    default="auto",
     show_default=True,
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="CPU: profile beside N-1 sibling processes training the same model, as N workers on this host will run.",
+    callback=lambda ctx, param, value: _concurrent(value),
+    metavar="N|auto",
+    help="CPU: profile beside N-1 sibling processes training the same model, as N workers on this host will "
+    "run; auto: as many as this host's cores hold at --threads each, at most 8 (on a GPU, 1).",
 )
 @click.option(
     "--memory-format",
@@ -151,7 +165,7 @@ def profile(
     steady_malloc: bool,
     optimizer: OptimizerName,
     momentum: float,
-    concurrent: int,
+    concurrent: int | None,
     memory_format: MemoryFormat,
     out: str | None,
     table: str | None,

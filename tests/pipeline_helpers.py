@@ -42,7 +42,10 @@ def profile_and_plan(
     given, edits the profiled graph's nodes (their measured times) before pdplan reads it, to pin a cut.
     """
     graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+    # One process profiling: these tests check what trains, not the figures (pdprof --concurrent auto
+    # would start a sibling trainer on this host).
     flags = ["--model", model, "--data", data, "--batch-size", str(batch), "--warmup", "0", "--repeats", "1"]
+    flags += ["--concurrent", "1"]
     flags += ["--loss", loss] if loss else []
     for a in args:
         flags += ["--model-arg", a]

@@ -136,7 +136,19 @@ def _profile_samples(tmp_path: Path, model: str, sample: str) -> Result:
         f"    return [{sample} for x in ids]\n"
     )
     return CliRunner().invoke(
-        pdprof_main, ["--model", model, "--data", f"{data}:build", "--batch-size", "4", "--repeats", "1"]
+        pdprof_main,
+        [
+            "--model",
+            model,
+            "--data",
+            f"{data}:build",
+            "--batch-size",
+            "4",
+            "--repeats",
+            "1",
+            "--concurrent",
+            "1",
+        ],
     )
 
 
@@ -198,7 +210,19 @@ def test_pdprof_sizes_a_hugging_face_model_whose_masks_are_built_under_vmap(tmp_
     # storage to reach ("Cannot access storage of BatchedTensorImpl"); pdprof counts it by its bytes.
     out = tmp_path / "graph.json"
     flags = ["--model", "zoo:hf_gpt2", "--model-arg", "n_layer=1", "--data", "zoo:pydoc_tokens"]
-    flags += ["--loss", "causal_lm", "--batch-size", "4", "--warmup", "0", "--repeats", "1", "-o", str(out)]
+    flags += [
+        "--loss",
+        "causal_lm",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--concurrent",
+        "1",
+    ]
+    flags += ["-o", str(out)]
     res = CliRunner().invoke(pdprof_main, flags)
     assert res.exit_code == 0, res.output
     saved = [node["saved_bytes"] for node in json.loads(out.read_text())["nodes"]]

@@ -36,7 +36,16 @@ BATCH = 8
 def _profile(path: Path, spec: RunSpec, forward: float, backward: float, update: float) -> Path:
     """``spec`` profiled, with every layer's times pinned (ms), no loss, data or step overhead, and
     no process overhead in the memory model."""
-    args = ["--model", spec.model or "", "--data", spec.data or "", "--batch-size", str(BATCH)]
+    args = [
+        "--model",
+        spec.model or "",
+        "--data",
+        spec.data or "",
+        "--batch-size",
+        str(BATCH),
+        "--concurrent",
+        "1",
+    ]
     for key, value in spec.model_args.items():
         args += ["--model-arg", f"{key}={value}"]
     res = CliRunner().invoke(pdprof_main, [*args, "--warmup", "0", "--repeats", "1", "-o", str(path)])

@@ -52,7 +52,16 @@ def test_profile_and_plan_with_a_relative_model_path_then_run_from_elsewhere(tmp
     (project / "out").mkdir()
     elsewhere.mkdir()
     (project / "models" / "net.py").write_text(NET)
-    model = ["--model", "models/net.py:build", "--data", "zoo:digits", "--batch-size", "16"]
+    model = [
+        "--model",
+        "models/net.py:build",
+        "--data",
+        "zoo:digits",
+        "--batch-size",
+        "16",
+        "--concurrent",
+        "1",
+    ]
     done = _run(
         [str(BIN / "pdprof"), *model, "--warmup", "1", "--repeats", "2", "-o", "out/graph.json"], project
     )

@@ -235,6 +235,8 @@ def test_user_errors_exit_2_with_one_line(user_file: Path, args: list[str], expe
         "4",
         "--repeats",
         "1",
+        "--concurrent",
+        "1",  # the error comes from this process; a sibling trainer would only add its start-up
     ]
     code, stdout, stderr = pdprof(*argv)
     assert code == 2

@@ -74,33 +74,42 @@ def test_data_loading_is_timed_and_siblings_run_and_stop() -> None:
     assert multiprocessing.active_children() == []  # the sibling was stopped and joined
 
 
-def test_concurrent_cli_option_reaches_the_graph(tmp_path: Path) -> None:
+@pytest.mark.parametrize("given", [["--concurrent", "2"], ["--concurrent", "1"], []])
+def test_concurrent_cli_option_reaches_the_graph(tmp_path: Path, given: list[str]) -> None:
+    import torch
+
+    from pdprof.profiler import auto_concurrent
+
     out = tmp_path / "g.json"
-    r = CliRunner().invoke(
-        main,
-        [
-            "--model",
-            "zoo:resmlp",
-            "--model-arg",
-            "width=32",
-            "--model-arg",
-            "depth=1",
-            "--data",
-            "zoo:digits",
-            "--batch-size",
-            "16",
-            "--warmup",
-            "0",
-            "--repeats",
-            "2",
-            "--concurrent",
-            "2",
-            "-o",
-            str(out),
-        ],
-    )
+    args = [
+        "--model",
+        "zoo:resmlp",
+        "--model-arg",
+        "width=32",
+        "--model-arg",
+        "depth=1",
+        "--data",
+        "zoo:digits",
+    ]
+    args += ["--batch-size", "16", "--warmup", "0", "--repeats", "2", *given, "-o", str(out)]
+    r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
-    assert load_graph(out).graph["concurrent"] == 2
+    # The default, auto: as many workers as this host's cores hold at one thread each.
+    expected = int(given[1]) if given else auto_concurrent(torch.device("cpu"), 1)
+    assert load_graph(out).graph["concurrent"] == expected
+
+
+def test_auto_concurrent_fills_the_cores_at_the_threads_each() -> None:
+    import torch
+
+    from pdprof.profiler import AUTO_CONCURRENT_MAX, auto_concurrent
+
+    cpu = torch.device("cpu")
+    assert auto_concurrent(cpu, 1, cores=2) == 2
+    assert auto_concurrent(cpu, 2, cores=8) == 4
+    assert auto_concurrent(cpu, 4, cores=2) == 1  # more threads than cores: alone
+    assert auto_concurrent(cpu, 1, cores=64) == AUTO_CONCURRENT_MAX
+    assert auto_concurrent(torch.device("cuda"), 1, cores=64) == 1  # a GPU worker has its own device
 
 
 @pytest.mark.parametrize(("choice", "expected"), [("auto", "channels-last"), ("contiguous", "contiguous")])
