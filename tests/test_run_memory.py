@@ -25,8 +25,9 @@ MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mn
 # pdprof's memory probe measured beyond the whole model's tensors (library code, kernel caches,
 # the allocator's slack: pdplan.memory). A stage's own share of that overhead is not the whole
 # model's: over seven models' stages (bench_predict) measured / predicted ran 0.70-1.40, where
-# without the overhead it ran 1.5-7.6. Stated band: within that spread.
-LOW, HIGH = 0.6, 1.5
+# without the overhead it ran 1.5-7.6; here, under make test's load, stage 1 measured 0.56 once.
+# Stated band: 0.5-1.5 (a missing overhead reads above 3, one charged twice below 0.5).
+LOW, HIGH = 0.5, 1.5
 
 
 @pytest.mark.timeout(240)
