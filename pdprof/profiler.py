@@ -297,10 +297,9 @@ def _memory_rise(
         try:
             whole_step(call, inputs, target, loss_fn, clock)
         except Exception:
-            # A model or loss that fails on the batch: the sizes run that follows names the failure.
-            model.zero_grad(set_to_none=True)
-            return math.nan
-        model.zero_grad(set_to_none=True)  # as pdrun's optimizer step leaves them
+            return math.nan  # a model or loss that fails on the batch: the sizes run next names it
+        finally:
+            model.zero_grad(set_to_none=True)  # as pdrun's optimizer step leaves them
         seen.append(rise(since))
         if len(seen) >= max(PROBE_MIN_STEPS, STABLE_STEPS + 1) and seen[-1] == seen[-1 - STABLE_STEPS]:
             break
