@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessRaisedException, spawn
 
+from pdrun.transport.choose import launcher_tag
 from pdrun.transport.shm import ShmLinks, host_supports
 from shared.errors import RunError
 
@@ -114,7 +115,9 @@ def _worker(
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
-    links = ShmLinks(f"link-{port}", rank, 60.0) if shm else None
+    # Named after the measuring process as a launcher's links are (``-l<pid>-``), so that a sweep or
+    # leak check of other runs' leftovers tells these, still in use, from a dead run's.
+    links = ShmLinks(f"link-{launcher_tag(os.getppid())}-{port}", rank, 60.0) if shm else None
     try:
         for size in sizes:
             buf = torch.zeros(max(1, size // 4), dtype=torch.float32)

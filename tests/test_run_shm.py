@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from pdrun.transport import shm
+from pdrun.transport import launcher_tag, shm
 from pdrun.transport.shm import RING, SLOTS, ShmLinks
 from shared.errors import RunError
 
 
 def _pair(timeout_s: float = 5.0) -> tuple[ShmLinks, ShmLinks]:
-    job = f"test-{uuid.uuid4().hex[:8]}"
+    # Named after this live process as a launcher's links are (``-l<pid>-``): a leak check running
+    # beside this test under pytest-xdist (test_reliability_failures) does not take them for a leak.
+    job = f"test-{launcher_tag(os.getpid())}-{uuid.uuid4().hex[:8]}"
     return ShmLinks(job, 0, timeout_s), ShmLinks(job, 1, timeout_s)
 
 
