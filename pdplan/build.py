@@ -260,7 +260,7 @@ def memory_text(plan: Plan, s: int) -> str:
             f"{sum(m.weight_bytes for m in parts) / 1e6:.3g} MB, gradients and optimizer "
             f"{sum(m.gradient_bytes + m.optimizer_bytes for m in parts) / 1e6:.3g} MB, activations "
             f"{sum(m.activation_bytes for m in parts) / 1e6:.3g} MB over its chunks"
-            f"{_overhead_text(sum(m.overhead_bytes for m in parts))})"
+            f"{_extra_text(sum(m.message_bytes for m in parts), sum(m.overhead_bytes for m in parts))})"
         )
     pred = plan.stages[s].predicted
     assert pred is not None and pred.memory is not None
@@ -270,12 +270,14 @@ def memory_text(plan: Plan, s: int) -> str:
         f"stage {s} of the {plan.schedule} plan ({len(plan.stages)} stages, M={plan.microbatches}) needs "
         f"{m.total_bytes / mb:.3g} MB (weights {m.weight_versions} x {m.weight_bytes / m.weight_versions / mb:.3g} MB, "
         f"gradients {m.gradient_bytes / mb:.3g} MB, optimizer {m.optimizer_bytes / mb:.3g} MB, activations "
-        f"{m.units_held} units {m.activation_bytes / mb:.3g} MB{_overhead_text(m.overhead_bytes)})"
+        f"{m.units_held} units {m.activation_bytes / mb:.3g} MB{_extra_text(m.message_bytes, m.overhead_bytes)})"
     )
 
 
-def _overhead_text(overhead: float) -> str:
-    return f", process overhead {overhead / 1e6:.3g} MB" if overhead > 0 else ""
+def _extra_text(messages: float, overhead: float) -> str:
+    """The memory model's parts beyond the tensors, where there are any."""
+    text = f", messages {messages / 1e6:.3g} MB" if messages > 0 else ""
+    return text + (f", process overhead {overhead / 1e6:.3g} MB" if overhead > 0 else "")
 
 
 def assemble(

@@ -6,13 +6,23 @@ layer saves for backward (the graph's measured ``saved_bytes``, each tensor once
 to the layer that made it; a graph that measured none, such as an imported PipeDream
 profile, counts each layer's output ``activation_bytes`` instead, as the paper's optimizer
 does), plus the values it receives from earlier stages (each once: the worker keeps them
-for their gradients, and the copy the sender saved is the sender's):
+for their gradients, and the copy the sender saved is the sender's), plus the values it
+sends on that none of its layers saved (pdrun's worker keeps a unit's outputs until their
+gradients come back, to start the backward from them):
 
     weights     = versions x P   (the live weights and every stashed version)
     gradients   = P
     optimizer   = k x P          (k = 0 for plain SGD, 1 for SGD with momentum, 2 for Adam)
     activations = held x A
+    messages    = sum over its links of bytes x (held_sender + held_receiver)
     overhead    = R - (P_all + A_all)   (once per worker process)
+
+The messages are the transport's buffers, which both ends of a link map and touch (pdrun's
+shared-memory slots, ``pdrun.transport.shm``; over gloo, the posted receives): a link carries
+an activation for each unit its sender has forwarded and not yet backwarded, and a gradient
+for each its receiver has, so about ``held`` of each are in flight at once. Measured on the
+MNIST CNN cut after ``conv1`` (1F1B, two workers, 3.2 MB a message): 9.4 MB of shared memory
+in each worker's resident set, three slots, where the sender holds two units and the receiver one.
 
 The overhead is what a process training the model holds beyond the model's own tensors: the
 library code and oneDNN kernels its first steps page in, the kernels' caches and scratch
@@ -66,6 +76,43 @@ def saved_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
             if layer in nodes and (measured or nodes[layer].op != "input")
         )
     )
+
+
+def sent_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
+    """Bytes of the values ``layers`` pass to layers outside them per unit that they did not save.
+
+    pdrun's worker keeps each unit's sent values until the unit's backward starts from them
+    (``pdrun.worker``). A value its maker saved is already in :func:`saved_per_unit`; that part
+    of its output is not counted twice (``max(0, output - saved)``, the maker's saved bytes
+    being mostly its output: a ReLU's, a softmax's). A graph that measured no saved bytes
+    counts every output as saved already: nothing more.
+    """
+    if not any(n.saved_bytes > 0 for n in graph.nodes):
+        return 0.0
+    inside = set(layers)
+    nodes = {n.id: n for n in graph.nodes}
+    sources = {e.source for e in graph.edges if e.source in inside and e.target not in inside}
+    return float(
+        sum(max(0.0, nodes[v].activation_bytes - nodes[v].saved_bytes) for v in sources if v in nodes)
+    )
+
+
+def message_bytes(graph: LayerGraph, stages: Sequence[Sequence[str]], held: Sequence[int]) -> list[float]:
+    """Per stage, the transport's buffers for its links (module doc): each link's bytes per unit
+    times the units its two ends hold, charged to both ends."""
+    owner = {layer: s for s, layers in enumerate(stages) for layer in layers}
+    nodes = {n.id: n for n in graph.nodes}
+    links: dict[tuple[int, int], set[str]] = {}
+    for e in graph.edges:
+        a, b = owner.get(e.source), owner.get(e.target)
+        if a is not None and b is not None and a != b and e.source in nodes:
+            links.setdefault((a, b), set()).add(e.source)
+    out = [0.0] * len(stages)
+    for (a, b), values in links.items():
+        buffers = sum(nodes[v].activation_bytes for v in values) * (held[a] + held[b])
+        out[a] += buffers
+        out[b] += buffers
+    return out
 
 
 def received_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
@@ -155,6 +202,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     k = OPTIMIZER_STATE[optimizer]
     overhead = process_overhead(graph)
     workers = len(plan.stages) // plan.virtual_stages
+    messages = message_bytes(graph, [stage.layers for stage in plan.stages], held)
     out = []
     for s, stage in enumerate(plan.stages):
         p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
@@ -166,7 +214,11 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
             versions = max(held[0], held[s])
         else:
             versions = max(1, held[s])
-        a = saved_per_unit(graph, stage.layers) + received_per_unit(graph, stage.layers)
+        a = (
+            saved_per_unit(graph, stage.layers)
+            + received_per_unit(graph, stage.layers)
+            + sent_per_unit(graph, stage.layers)
+        )
         extra = overhead if s < workers else 0.0
         out.append(
             StageMemory(
@@ -176,8 +228,9 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
                 optimizer_bytes=k * p,
                 activation_bytes=held[s] * a,
                 units_held=held[s],
+                message_bytes=messages[s],
                 overhead_bytes=extra,
-                total_bytes=versions * p + p + k * p + held[s] * a + extra,
+                total_bytes=versions * p + p + k * p + held[s] * a + messages[s] + extra,
             )
         )
     return out

@@ -74,6 +74,9 @@ class StageMemory(Strict):
     optimizer_bytes: float = Field(ge=0, description="optimizer state (momentum, Adam's moments)")
     activation_bytes: float = Field(ge=0, description="saved for backward, times the units held")
     units_held: int = Field(ge=0, description="most units forwarded and not yet backwarded at once")
+    message_bytes: float = Field(
+        default=0, ge=0, description="the transport's buffers for the stage's messages in flight, both ways"
+    )
     overhead_bytes: float = Field(
         default=0,
         ge=0,

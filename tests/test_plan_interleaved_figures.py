@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from pdplan.build import PlanConfig
 from pdplan.cli import main
-from pdplan.memory import received_per_unit, saved_per_unit
+from pdplan.memory import received_per_unit, saved_per_unit, sent_per_unit
 from pdplan.more_schedules import plan_for
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import Plan, save_plan
@@ -98,7 +98,11 @@ def test_each_chunk_holds_what_the_interleaved_program_leaves_in_flight() -> Non
                 peak = max(peak, live)
         assert stage.predicted is not None and stage.predicted.memory is not None
         assert stage.predicted.memory.units_held == peak, s
-        per_unit = saved_per_unit(graph, stage.layers) + received_per_unit(graph, stage.layers)
+        per_unit = (
+            saved_per_unit(graph, stage.layers)
+            + received_per_unit(graph, stage.layers)
+            + sent_per_unit(graph, stage.layers)
+        )
         assert stage.predicted.memory.activation_bytes == peak * per_unit
     # The first chunk of worker 0 holds more than its last one (which turns each unit straight round).
     held = [s.predicted.memory.units_held for s in p.stages if s.predicted and s.predicted.memory]

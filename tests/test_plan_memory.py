@@ -75,8 +75,15 @@ def test_1f1b_stashes_one_version_per_unit_in_flight() -> None:
     assert [m.units_held for m in memory] == [3, 2, 1]  # type: ignore[union-attr]
     assert [m.weight_versions for m in memory] == [3, 2, 1]  # type: ignore[union-attr]
     # weights x versions + gradients + (saved + received) x held (plain SGD keeps no state); stage
-    # b receives a's 5-byte output, stage c b's 10 bytes.
-    assert _totals(plan) == [3 * 100 + 100 + 3 * 10, 2 * 200 + 200 + 2 * (20 + 5), 300 + 300 + 30 + 10]
+    # b receives a's 5-byte output, stage c b's 10 bytes. Each link's buffers, at both its ends:
+    # its bytes per unit x the units its two ends hold (a -> b: 5 x (3 + 2), b -> c: 10 x (2 + 1)).
+    ab, bc = 5 * (3 + 2), 10 * (2 + 1)
+    assert [m.message_bytes for m in memory] == [ab, ab + bc, bc]  # type: ignore[union-attr]
+    assert _totals(plan) == [
+        3 * 100 + 100 + 3 * 10 + ab,
+        2 * 200 + 200 + 2 * (20 + 5) + ab + bc,
+        300 + 300 + 30 + 10 + bc,
+    ]
     assert all(s.predicted.memory_bytes == s.predicted.memory.total_bytes for s in plan.stages)  # type: ignore[union-attr]
 
 
@@ -89,14 +96,26 @@ def test_optimizer_state_per_optimizer() -> None:
 
 def test_flush_schedules_keep_one_version_and_hold_their_units() -> None:
     g = _graph()
-    # 1F1B-flush with M=4 holds min(M, S - s) units; GPipe all M; one weight version each.
-    assert _totals(_plan(g, "1f1b-flush", 4)) == [100 + 100 + 3 * 10, 200 + 200 + 2 * 25, 300 + 300 + 40]
-    assert _totals(_plan(g, "gpipe", 4)) == [100 + 100 + 4 * 10, 200 + 200 + 4 * 25, 300 + 300 + 4 * 40]
-    assert _totals(_plan(g, "1f1b-flush", 2)) == [200 + 2 * 10, 400 + 2 * 25, 600 + 40]
+    # 1F1B-flush with M=4 holds min(M, S - s) units; GPipe all M; one weight version each. The
+    # links' buffers follow the units held at their ends (test above): 5 and 10 bytes per unit.
+    ab, bc = 5 * (3 + 2), 10 * (2 + 1)
+    assert _totals(_plan(g, "1f1b-flush", 4)) == [
+        100 + 100 + 3 * 10 + ab,
+        200 + 200 + 2 * 25 + ab + bc,
+        300 + 300 + 40 + bc,
+    ]
+    ab, bc = 5 * (4 + 4), 10 * (4 + 4)
+    assert _totals(_plan(g, "gpipe", 4)) == [
+        100 + 100 + 4 * 10 + ab,
+        200 + 200 + 4 * 25 + ab + bc,
+        300 + 300 + 4 * 40 + bc,
+    ]
+    ab, bc = 5 * (2 + 2), 10 * (2 + 1)
+    assert _totals(_plan(g, "1f1b-flush", 2)) == [200 + 2 * 10 + ab, 400 + 2 * 25 + ab + bc, 600 + 40 + bc]
     # A replicated stage's workers each hold their share of GPipe's units: 2 of 4.
     replicated = _plan(g, "gpipe", 4, replicas=(2, 1, 1))
     assert replicated.stages[0].predicted.memory.units_held == 2  # type: ignore[union-attr]
-    assert _totals(replicated)[0] == 200 + 2 * 10
+    assert _totals(replicated)[0] == 200 + 2 * 10 + 5 * (2 + 4)
 
 
 def test_vertical_sync_keeps_the_input_stages_versions() -> None:
@@ -106,12 +125,32 @@ def test_vertical_sync_keeps_the_input_stages_versions() -> None:
 
 def test_without_saved_bytes_the_outputs_count() -> None:
     # An imported PipeDream profile measures no saved bytes: the layer outputs stand in, as in the paper.
-    # Each stage: its layers' outputs and the output it receives, per unit held.
+    # Each stage: its layers' outputs and the output it receives, per unit held (the sent outputs
+    # are among the layers' outputs: not counted again), and its links' buffers.
+    ab, bc = 5 * (2 + 2), 10 * (2 + 2)
     assert _totals(_plan(_graph(saved=False), "gpipe", 2)) == [
-        200 + 2 * 5,
-        400 + 2 * (10 + 5),
-        600 + 2 * (15 + 10),
+        200 + 2 * 5 + ab,
+        400 + 2 * (10 + 5) + ab + bc,
+        600 + 2 * (15 + 10) + bc,
     ]
+
+
+def test_a_stage_holds_the_values_it_sends_that_it_did_not_save() -> None:
+    # pdrun keeps a unit's sent values until its backward starts from them: an output its maker did
+    # not save (a convolution's, saved by the ReLU of the next stage) is held as well; a saved one
+    # (the ReLU's own) is in the saved bytes already.
+    from pdplan.memory import sent_per_unit
+
+    g = _graph()
+    nodes = [n.model_copy(update={"saved_bytes": 2.0}) if n.id == "b" else n for n in g.nodes]
+    g = g.model_copy(update={"nodes": nodes})
+    assert sent_per_unit(g, ["x", "a"]) == 0  # a saved 10 of its 5-byte output
+    assert sent_per_unit(g, ["b"]) == 10 - 2
+    assert sent_per_unit(g, ["c"]) == 0  # the model's output goes to the loss, not to a stage
+    assert sent_per_unit(g, ["a", "b"]) == 10 - 2  # a's output stays inside
+    plan = _plan(g, "1f1b")
+    memory = plan.stages[1].predicted.memory  # type: ignore[union-attr]
+    assert memory.activation_bytes == 2 * (2 + 5 + 8)  # saved + received + sent, two units held
 
 
 def test_the_measured_process_overhead_goes_once_to_every_worker() -> None:
@@ -149,7 +188,8 @@ def test_every_stage_of_a_planned_graph_has_its_memory() -> None:
     plan = make_plan(_graph(), PlanConfig(workers=(3,), bandwidths=(1e9,), straight=True))
     assert len(plan.stages) == 3
     assert all(s.predicted.memory.total_bytes > 0 for s in plan.stages)  # type: ignore[union-attr]
-    assert plan.stages[-1].predicted.memory_bytes == 300 + 300 + 30 + 10  # type: ignore[union-attr]
+    # 1F1B on 3 workers holds 2 units at stage 1 and 1 at stage 2: their link's buffers 10 x (2 + 1).
+    assert plan.stages[-1].predicted.memory_bytes == 300 + 300 + 30 + 10 + 10 * (2 + 1)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "auto"])
@@ -273,4 +313,11 @@ def test_a_stage_holds_each_value_it_receives_once() -> None:
     assert received_per_unit(g, ["c"]) == 5 + 10
     assert received_per_unit(g, ["x", "a"]) == 0
     plan = _plan(g, "gpipe", 2)
-    assert _totals(plan) == [200 + 2 * 10, 400 + 2 * (20 + 5), 600 + 2 * (30 + 5 + 10)]
+    # A link per pair of stages, at both ends, 2 + 2 units held: a -> b (5), b -> c (10), a -> c (5).
+    ab, bc, ac = 5 * 4, 10 * 4, 5 * 4
+    assert [s.predicted.memory.message_bytes for s in plan.stages] == [ab + ac, ab + bc, bc + ac]  # type: ignore[union-attr]
+    assert _totals(plan) == [
+        200 + 2 * 10 + ab + ac,
+        400 + 2 * (20 + 5) + ab + bc,
+        600 + 2 * (30 + 5 + 10) + bc + ac,
+    ]
