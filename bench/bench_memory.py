@@ -24,10 +24,10 @@ from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.metrics import summary
 from pdrun.plans import cut_plan
-from shared.graph import load_graph
+from shared.graph import LayerGraph, load_graph
 from shared.plan import Cluster, Level, Schedule
 from shared.spec import RunSpec
-from shared.zoo.models.gpt import PYDOC_VOCAB
+from shared.zoo.datasets.pydoc_text import VOCAB_SIZE as PYDOC_VOCAB
 
 MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mnist5k")
 RESMLP = RunSpec(model="zoo:resmlp", model_args={"width": 256, "depth": 4}, data="zoo:digits")
@@ -42,7 +42,7 @@ GPT = RunSpec(
 class Case:
     name: str
     spec: RunSpec
-    cut: str | int  # the second stage's first layer (a name, or an index in topological order)
+    cut: str  # the second stage's first layer
     batch_size: int
     schedule: Schedule
     microbatches: int
@@ -63,7 +63,7 @@ def bench(work: Path, steps: int) -> Report:
     command = "python -m bench.bench_memory"
     report = Report("Predicted peak memory per stage against pdrun's measured", command)
     rows = []
-    graphs = {}
+    graphs: dict[tuple[str | None, int], LayerGraph] = {}
     for case in CASES:
         key = (case.spec.model, case.batch_size)
         if key not in graphs:
@@ -81,7 +81,7 @@ def bench(work: Path, steps: int) -> Report:
         graph = graphs[key]
         plan = cut_plan(
             case.spec,
-            [case.cut],  # type: ignore[list-item]
+            [case.cut],
             batch_size=case.batch_size,
             schedule=case.schedule,
             microbatches=case.microbatches,

@@ -10,7 +10,8 @@ counts (the machine is shared; the best run is the least disturbed one). Every r
 pdrun's samples/s over the alternative's, measured in the same invocation. Beside them, for
 each of pdrun's schedules, the measured busy fraction (computing time over workers x wall
 time) against that schedule's own ideal: the busy fraction the planner's simulator gives for
-the same program with the profiled costs, the limit a perfect runtime reaches.
+the same program with the run's own stage costs (the profile's, scaled to the workers' measured
+shares of the compute), the limit a perfect runtime reaches.
 
 The second wave's schedules stand beside their torch counterparts: pdrun's interleaved-1f1b
 (2 workers x 2 chunks, the planner's ``--virtual-stages 2`` plan) beside
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from bench.measure import Figure, PdrunTiming, Report, judged, main_of, pdrun_ti
 from pdplan.schedule_sim import ScheduleFigures, simulate_plan, stage_costs
 from shared.graph import LayerGraph, load_graph
 from shared.plan import Plan, load_plan
+from shared.simulate import Costs
 from shared.zoo.datasets.pydoc_text import VOCAB_SIZE as PYDOC_VOCAB
 
 # pdrun runs: label -> (schedule, --memory-format). The "nchw" runs keep the contiguous layout the
@@ -435,7 +438,13 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
         schedule, _ = PDRUN_RUNS[label]
         measured = _busy_fraction(best_runs[label].timing)
         run_plan = chunked if label in CHUNKED and chunked is not None else plan
-        ideal = ideal_busy_fraction(graph, run_plan, schedule, cfg.microbatches)
+        ideal = ideal_busy_fraction(
+            graph,
+            run_plan,
+            schedule,
+            cfg.microbatches,
+            [r["compute_s"] for r in best_runs[label].timing.ranks],
+        )
         busy_rows.append(
             {
                 "schedule": label,
@@ -460,7 +469,7 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
         )
         report.add(
             Figure(
-                f"{prefix}1F1B's ideal busy fraction for this plan (the simulator's, same program)",
+                f"{prefix}1F1B's ideal busy fraction for this run (the simulator's, same program, its stage costs)",
                 row["ideal_busy_fraction"],
                 "",
                 cmds[1],
@@ -624,23 +633,58 @@ def _result_busy_fraction(r: Result) -> float:
     return busy / (len(r.ranks) * r.seconds) if r.seconds > 0 and r.ranks else math.nan
 
 
-def ideal_busy_fraction(graph: LayerGraph, plan: Plan, schedule: str, microbatches: int) -> float:
+def ideal_busy_fraction(
+    graph: LayerGraph,
+    plan: Plan,
+    schedule: str,
+    microbatches: int,
+    measured: Sequence[float] | None = None,
+) -> float:
     """The busy fraction a perfect runtime reaches with ``schedule``: the planner's simulation of the same
     program pdrun runs (``pdrun --schedule S --microbatches M``), in steady state. Per unit, each stage
     computes its forward and backward and ``1/M`` of a step (every unit is a step in 1f1b); over the
-    simulated seconds per unit, that is the share of the workers' time spent computing."""
+    simulated seconds per unit, that is the share of the workers' time spent computing.
+
+    ``measured``, each rank's computing seconds over a run's timed interval, makes it that run's own
+    limit: each worker's stages are scaled so that the workers' shares of the computing are the run's
+    (their sum stays the profile's). A run whose stages came out better balanced than the profile
+    said would otherwise beat its "ideal"."""
     ups = 1 if schedule == "1f1b" else microbatches
     run_plan = plan.model_copy(update={"schedule": schedule, "microbatches": ups})
     costs, _ = stage_costs(graph, run_plan)
-    per_unit = simulate_plan(graph, run_plan).time_per_minibatch_s
+    scale = None if measured is None else _measured_scale(run_plan, costs, ups, measured)
+    per_unit = simulate_plan(graph, run_plan, scale).time_per_minibatch_s
     # Interleaved: the stages are the chunks, V of them a worker.
     workers = sum(st.replicas for st in run_plan.stages) // run_plan.virtual_stages
     if per_unit <= 0 or workers == 0:
         return math.nan
     busy = sum(
-        costs.forward[s] + costs.backward[s] + costs.step[s] / ups for s in range(len(run_plan.stages))
+        (1.0 if scale is None else scale[s]) * (costs.forward[s] + costs.backward[s] + costs.step[s] / ups)
+        for s in range(len(run_plan.stages))
     )
     return busy / (workers * per_unit)
+
+
+def _measured_scale(plan: Plan, costs: Costs, ups: int, measured: Sequence[float]) -> list[float] | None:
+    """Per stage, the factor that gives each worker its measured share of the run's computing.
+
+    A worker's profiled busy time per unit is the sum over its stages (an interleaved worker's
+    chunks); a stage's replicas are averaged. None when the run's ranks do not match the plan.
+    """
+    n = len(plan.stages)
+    busy = [costs.forward[s] + costs.backward[s] + costs.step[s] / ups for s in range(n)]
+    if any(r >= len(measured) for st in plan.stages for r in st.ranks):
+        return None
+    ranks = sorted({r for st in plan.stages for r in st.ranks})
+    profiled = {
+        r: sum(busy[s] / st.replicas for s, st in enumerate(plan.stages) if r in st.ranks) for r in ranks
+    }
+    total_profiled = sum(profiled.values())
+    total_measured = sum(measured[r] for r in ranks)
+    if total_profiled <= 0 or total_measured <= 0 or any(v <= 0 for v in profiled.values()):
+        return None
+    factor = {r: (measured[r] / total_measured) / (profiled[r] / total_profiled) for r in ranks}
+    return [sum(factor[r] for r in st.ranks) / len(st.ranks) for st in plan.stages]
 
 
 def main(argv: list[str] | None = None) -> Report:

@@ -180,14 +180,18 @@ def _units(plan: Plan, min_steps: int = MIN_STEPS) -> int:
     return min(units, max(period, MAX_UNITS // period * period))
 
 
-def simulate_plan(graph: LayerGraph, plan: Plan) -> ScheduleFigures:
+def simulate_plan(graph: LayerGraph, plan: Plan, scale: Sequence[float] | None = None) -> ScheduleFigures:
     """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster).
 
     A flushing schedule drains at every step, so its steps repeat exactly: a few of them give
     the steady state (the quartile window of ``shared.simulate`` then spans whole steps). So
     do 2bw's steps of M units, its warm-up (at most M units in flight) inside the first.
+
+    ``scale``, one factor per stage, multiplies each stage's compute (forward, backward, step):
+    the same schedule with other stage costs, such as those a run measured (``bench.bench_runtime``
+    reads a run's own limit so).
     """
-    costs, stage_edges = schedule_costs(graph, plan)
+    costs, stage_edges = schedule_costs(graph, plan, scale)
     units = _units(plan, MIN_STEPS if plan.schedule == "1f1b" else FLUSH_STEPS)
     workers = len(plan.stages) // plan.virtual_stages
     program = build_program(
@@ -203,9 +207,21 @@ def simulate_plan(graph: LayerGraph, plan: Plan) -> ScheduleFigures:
     return ScheduleFigures(time_per_minibatch_s=run.time_per_unit, bubble=run.bubble, units=units)
 
 
-def schedule_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, int]] | None]:
-    """:func:`stage_costs` as the plan's schedule runs them: per chunk (interleaved), or B split from W (zb-h1)."""
+def schedule_costs(
+    graph: LayerGraph, plan: Plan, scale: Sequence[float] | None = None
+) -> tuple[Costs, list[tuple[int, int]] | None]:
+    """:func:`stage_costs` as the plan's schedule runs them: per chunk (interleaved), or B split from W
+    (zb-h1); each stage's compute times ``scale[s]`` when given (:func:`simulate_plan`)."""
     costs, edges = stage_costs(graph, plan)
+    if scale is not None:
+        if len(scale) != len(plan.stages):
+            raise ValueError(f"scale has {len(scale)} factors for {len(plan.stages)} stages")
+        costs = replace(
+            costs,
+            forward=[f * k for f, k in zip(costs.forward, scale, strict=True)],
+            backward=[b * k for b, k in zip(costs.backward, scale, strict=True)],
+            step=[u * k for u, k in zip(costs.step, scale, strict=True)],
+        )
     if plan.virtual_stages > 1:
         return chunked_costs(costs, plan.virtual_stages), None  # the chain of chunks
     if plan.schedule == "zb-h1":

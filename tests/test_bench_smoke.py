@@ -157,6 +157,37 @@ def test_ideal_busy_fraction_is_the_schedules_own_limit() -> None:
     assert gpipe[1] < async_1f1b < 1.0
 
 
+def test_ideal_busy_fraction_of_a_run_takes_the_runs_own_stage_balance() -> None:
+    # With each rank's measured compute, the ideal is that run's limit: shares equal to the profile's
+    # give the profile's ideal; a run measured balanced is ideally never idle in 1F1B's steady state;
+    # one measured 3:1 is bounded by its slow worker, (3 + 1) / (2 x 3).
+    from bench.bench_planner import synthetic_chain
+    from bench.bench_runtime import ideal_busy_fraction
+    from pdplan.build import PlanConfig, make_plan
+    from pdplan.schedule_sim import stage_costs
+
+    graph = synthetic_chain(8, seed=1)
+    two = make_plan(graph, PlanConfig(workers=(2,), bandwidths=(1e12,), straight=True))
+    costs, _ = stage_costs(graph, two.model_copy(update={"schedule": "1f1b", "microbatches": 1}))
+    profiled = [costs.forward[s] + costs.backward[s] + costs.step[s] for s in range(2)]
+    ranks = [two.stages[s].ranks[0] for s in range(2)]
+    as_profiled = [0.0, 0.0]
+    for s, r in enumerate(ranks):
+        as_profiled[r] = 7.0 * profiled[s]  # any common scale
+    for schedule in ("1f1b", "1f1b-flush", "gpipe"):
+        assert math.isclose(
+            ideal_busy_fraction(graph, two, schedule, 4, as_profiled),
+            ideal_busy_fraction(graph, two, schedule, 4),
+            rel_tol=1e-9,
+        )
+    assert ideal_busy_fraction(graph, two, "1f1b", 4, [5.0, 5.0]) > 0.97
+    slow_first = [0.0, 0.0]
+    slow_first[ranks[0]], slow_first[ranks[1]] = 3.0, 1.0
+    assert math.isclose(ideal_busy_fraction(graph, two, "1f1b", 4, slow_first), 4 / 6, rel_tol=0.03)
+    flush = ideal_busy_fraction(graph, two, "1f1b-flush", 4, [5.0, 5.0])
+    assert flush < ideal_busy_fraction(graph, two, "1f1b", 4, [5.0, 5.0])  # the flush's bubble stays
+
+
 def test_time_to_accuracy_keeps_each_systems_best_rate_from_the_sweep() -> None:
     # Fewest epochs to the target first, then the higher final accuracy, then the smaller rate; a run that
     # never reaches the target loses to every run that does.
