@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import toolchain
-from bench.measure import Figure, Report, judged, main_of, pdrun_timing
+from bench.measure import Figure, Report, judged, main_of, pdrun_timing, spread
 from shared.plan import load_plan
 
 
@@ -263,7 +263,7 @@ def bench(work: Path, cfg: Config) -> Report:
         for i, case in enumerate(cfg.cases)
         for k, r in enumerate(done[i])
     ]
-    for case, row in zip(cfg.cases, rows, strict=True):
+    for i, (case, row) in enumerate(zip(cfg.cases, rows, strict=True)):
         report.add(
             judged(
                 f"simulated / measured time per minibatch: {row['case']}",
@@ -272,30 +272,33 @@ def bench(work: Path, cfg: Config) -> Report:
                 row["command"],
                 at_least=1 - case.tolerance,
                 at_most=1 + case.tolerance,
+                noise=spread([r["simulated_over_measured"] for r in done[i]], row["simulated_over_measured"]),
             )
         )
-    for row in rows:
-        ratios = [v for k, v in row.items() if k.endswith("_memory_measured_over_predicted")]
-        if not ratios or any(math.isnan(r) for r in ratios):
+    for i, row in enumerate(rows):
+        keys = [k for k in row if k.endswith("_memory_measured_over_predicted")]
+        if not keys or any(math.isnan(row[k]) for k in keys):
             continue
-        worst = max(ratios, key=lambda r: abs(math.log(r)))  # the stage furthest from its prediction
+        worst = max(keys, key=lambda k: abs(math.log(row[k])))  # the stage furthest from its prediction
         report.add(
             judged(
                 f"measured / predicted peak memory, furthest stage: {row['case']}",
-                worst,
+                row[worst],
                 "",
                 row["command"],
                 at_least=0.8,
                 at_most=1.2,
+                noise=spread([r[worst] for r in done[i] if worst in r], row[worst]),
             )
         )
-    for row in rows:
+    for i, row in enumerate(rows):
         report.add(
             Figure(
                 f"paper's bottleneck / measured time per minibatch: {row['case']}",
                 row["predicted_over_measured"],
                 "",
                 row["command"],
+                noise=spread([r["predicted_over_measured"] for r in done[i]], row["predicted_over_measured"]),
             )
         )
     return report

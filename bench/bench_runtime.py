@@ -40,7 +40,7 @@ import pandas as pd
 
 from bench import toolchain
 from bench.baselines import Result, Settings, run
-from bench.measure import Figure, PdrunTiming, Report, judged, main_of, pdrun_timing
+from bench.measure import Figure, PdrunTiming, Report, judged, main_of, pdrun_timing, spread
 from pdplan.schedule_sim import ScheduleFigures, simulate_plan, stage_costs
 from shared.graph import LayerGraph, load_graph
 from shared.plan import Plan, load_plan
@@ -344,7 +344,9 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
     )
     best_runs: dict[str, PdrunRun] = {}
     best_base: dict[str, Result] = {}
-    for _ in range(cfg.repeats):
+    # Each round's steady samples/s per system, by round: a ratio's noise is the spread of the rounds' ratios.
+    by_round: dict[str, dict[int, float]] = {}
+    for round_ in range(cfg.repeats):
         for label in case.pdrun_runs:
             if label in failed:
                 continue
@@ -356,6 +358,7 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             except Exception as exc:  # reported as failed; the other systems still run
                 failed[label] = _failure(exc)
                 continue
+            by_round.setdefault(label, {})[round_] = got.timing.steady_samples_per_s
             best = best_runs.get(label)
             if best is None or got.timing.steady_samples_per_s > best.timing.steady_samples_per_s:
                 best_runs[label] = got
@@ -373,6 +376,7 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             except Exception as exc:  # reported as failed; the other systems still run
                 failed[label] = _failure(exc)
                 continue
+            by_round.setdefault(label, {})[round_] = r.steady_samples_per_s
             if label not in best_base or r.steady_samples_per_s > best_base[label].steady_samples_per_s:
                 best_base[label] = r
     best_pd = {label: (r.cmd, r.timing) for label, r in best_runs.items()}
@@ -412,7 +416,19 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             command = f"{best_pd[ours][0]}  vs  {base_cmd}"
         else:
             ratio, command = math.nan, base_cmd
-        report.add(judged(prefix + name, ratio, "x", command, at_least=wanted, note=missing or ""))
+        mine, other = by_round.get(ours, {}), by_round.get(theirs, {})
+        each = [mine[k] / other[k] for k in sorted(mine.keys() & other.keys()) if other[k] > 0]
+        report.add(
+            judged(
+                prefix + name,
+                ratio,
+                "x",
+                command,
+                at_least=wanted,
+                note=missing or ("rounds' ratios " + " ".join(f"{x:.3f}" for x in each) if each else ""),
+                noise=spread(each, ratio),
+            )
+        )
     # Equal settings, checked: the flush schedules train exactly what one process trains.
     for ours, theirs in (("1f1b-flush", "pipe-1f1b"), ("1f1b-flush", "single"), ("gpipe", "pipe-gpipe")):
         if ours not in best_pd or theirs not in best_base:

@@ -32,6 +32,9 @@ class Figure:
     note: str = ""
     target: str = ""  # e.g. ">= 1.2": what the issue asks of it
     meets: bool | None = None
+    # Its stated noise, relative: half the range of the rounds behind it over its value (``spread``).
+    # A second ``make bench`` reproduces the figure when it lands within this of it (``bench.reproduce``).
+    noise: float | None = None
 
 
 @dataclass
@@ -60,6 +63,18 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def spread(values: list[float], value: float | None = None) -> float | None:
+    """Half the range of ``values`` relative to ``value`` (their median when not given): a figure's noise
+    over the rounds behind it. None with fewer than two finite values."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if len(finite) < 2:
+        return None
+    centre = value if value is not None else finite[len(finite) // 2]
+    if not math.isfinite(centre) or centre == 0:
+        return None
+    return (finite[-1] - finite[0]) / 2 / abs(centre)
+
+
 def check(value: float, op: str, bound: float) -> bool:
     """Whether ``value op bound`` holds (NaN never does)."""
     if math.isnan(value):
@@ -75,6 +90,7 @@ def judged(
     at_least: float | None = None,
     at_most: float | None = None,
     note: str = "",
+    noise: float | None = None,
 ) -> Figure:
     """A figure with the target the issue sets: ``>= at_least``, ``<= at_most``, or ``lo .. hi`` with both;
     ``meets`` says whether ``value`` holds it (NaN never does). With neither bound it is only reported."""
@@ -87,7 +103,7 @@ def judged(
         target, meets = f"<= {at_most:g}", check(value, "<=", at_most)
     else:
         target, meets = "", None
-    return Figure(name, value, unit, command, note=note, target=target, meets=meets)
+    return Figure(name, value, unit, command, note=note, target=target, meets=meets, noise=noise)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import plots
+from bench import plots, reproduce
 from bench.measure import Figure, Report, judged
 from shared.cli import console
 from shared.io import atomic_write_bytes
@@ -36,6 +36,7 @@ from shared.io import atomic_write_bytes
 HERE = Path(__file__).resolve().parent
 RESULTS_MD = HERE / "RESULTS.md"
 PLOTS = HERE / "results"
+FIGURES_JSON = PLOTS / "figures.json"  # this run's figures, for the next run's comparison (bench.reproduce)
 
 # The other benchmarks: how to run them within the time budget (their own command lines).
 EXTERNAL = {
@@ -130,12 +131,13 @@ def _table(rows: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list[str]:
 
 
 def _figures(reports: list[Report]) -> list[str]:
-    out = ["| figure | value | target | met | reproduce with |", "|---|---|---|---|---|"]
+    out = ["| figure | value | noise | target | met | reproduce with |", "|---|---|---|---|---|---|"]
     for rep in reports:
         for f in rep.figures:
             met = "-" if f.meets is None else ("yes" if f.meets else "**no**")
             value = f"{_fmt(f.value)}{f.unit}"
-            out.append(f"| {f.name} | {value} | {f.target or '-'} | {met} | `{f.command}` |")
+            noise = "-" if f.noise is None else f"±{f.noise * 100:.1f}%"
+            out.append(f"| {f.name} | {value} | {noise} | {f.target or '-'} | {met} | `{f.command}` |")
     return out
 
 
@@ -219,6 +221,7 @@ def write_results(
     quick: bool,
     seconds: float,
     load: tuple[float, float],
+    previous: list[dict[str, Any]] | None = None,
 ) -> str:
     done = [r for r in reports.values() if r is not None]
     done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
@@ -241,7 +244,27 @@ def write_results(
             "not the figures.**",
             "",
         ]
-    lines += ["## The figures", "", *_figures(done), ""]
+    lines += [
+        "## The figures",
+        "",
+        "Noise: half the range of the rounds behind a figure over its value (a ratio's rounds: each round's "
+        "pair side by side); a later `make bench` reproduces a figure when it lands within it "
+        "(`bench.reproduce`, the section after this table).",
+        "",
+        *_figures(done),
+        "",
+    ]
+    figures = [f for rep in done for f in rep.figures]
+    if previous is not None:
+        lines += [
+            "## Against the previous make bench",
+            "",
+            "Each figure this run shares with the one before it (`bench/results/figures.json` as it was), "
+            "and whether it landed within the larger of the two runs' stated noises.",
+            "",
+            *reproduce.markdown(reproduce.compare(previous, reproduce.figure_records(figures))),
+            "",
+        ]
     for key, rep in reports.items():
         if rep is None:
             continue
@@ -340,8 +363,15 @@ def main(argv: list[str] | None = None) -> int:
 
     seconds = time.perf_counter() - t0
     load = (load_start, os.getloadavg()[0])
-    text = write_results(reports, external, log, plot_files, args.quick, seconds, load)
+    previous = None if args.quick else reproduce.load(FIGURES_JSON)
+    text = write_results(reports, external, log, plot_files, args.quick, seconds, load, previous)
     atomic_write_bytes(RESULTS_MD, text.encode("utf-8"))
+    if (
+        not args.quick
+    ):  # a --quick run's figures are not the figures: the next full run compares with the last full one
+        done = [r for r in reports.values() if r is not None]
+        done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
+        reproduce.save([f for rep in done for f in rep.figures], FIGURES_JSON)
     console.print(
         f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
         f"plots in {os.path.relpath(PLOTS)}/"

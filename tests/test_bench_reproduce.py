@@ -1,0 +1,69 @@
+"""A make bench against the one before it: each figure's stated noise, and whether the next run lands within it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from bench import reproduce
+from bench.measure import Figure, Report, spread
+from bench.run_all import write_results
+
+
+def test_spread_is_half_the_range_over_the_value() -> None:
+    assert math.isclose(spread([0.9, 1.0, 1.1]) or 0.0, 0.1, rel_tol=1e-12)
+    assert math.isclose(spread([1.2, 1.4], 2.0) or 0.0, 0.05, rel_tol=1e-12)
+    assert spread([1.0]) is None and spread([]) is None
+    assert spread([1.0, float("nan")]) is None  # one finite round says nothing of the noise
+    assert spread([-1.0, 1.0], 0.0) is None
+
+
+def test_a_figure_reproduces_within_the_larger_stated_noise() -> None:
+    old = {"name": "x", "value": 1.20, "noise": 0.05}
+    assert reproduce.reproduced(old, {"name": "x", "value": 1.25, "noise": 0.01}) is True  # 4.2% <= 5%
+    assert reproduce.reproduced(old, {"name": "x", "value": 1.27, "noise": 0.01}) is False  # 5.8% > 5%
+    assert (
+        reproduce.reproduced(old, {"name": "x", "value": 1.27, "noise": 0.06}) is True
+    )  # the new run's is larger
+    assert (
+        reproduce.reproduced({"name": "x", "value": 1.2}, {"name": "x", "value": 1.2}) is None
+    )  # none stated
+    assert (
+        reproduce.reproduced(old, {"name": "x", "value": None, "noise": 0.05}) is None
+    )  # failed: not judged
+
+
+def test_compare_pairs_figures_by_name_and_the_table_counts_them(tmp_path: Path) -> None:
+    before = [Figure("ratio a", 1.5, "x", "c", noise=0.02), Figure("ratio b", 2.0, "x", "c", noise=0.1)]
+    after = [
+        Figure("ratio a", 1.6, "x", "c", noise=0.01),  # +6.7%: not within 2%
+        Figure("ratio b", 2.1, "x", "c", noise=0.05),  # +5%: within 10%
+        Figure("plain", 3.0, "", "c"),  # new in this run: not compared
+    ]
+    path = tmp_path / "figures.json"
+    reproduce.save(before, path)
+    previous = reproduce.load(path)
+    assert previous is not None
+    rows = reproduce.compare(previous, reproduce.figure_records(after))
+    assert [r["figure"] for r in rows] == ["ratio a", "ratio b"]
+    assert [r["reproduced"] for r in rows] == [False, True]
+    assert math.isclose(rows[0]["change"], 0.1 / 1.5, rel_tol=1e-12)
+    text = "\n".join(reproduce.markdown(rows))
+    assert text.startswith("1 of the 2 figures with a stated noise reproduced")
+    assert "| ratio a | 1.5 | 1.6 | +6.7% | ±2.0% | **no** |" in text
+    assert reproduce.load(tmp_path / "missing.json") is None
+    assert reproduce.main([str(path), str(tmp_path / "missing.json")]) == 2
+
+
+def test_results_md_states_each_figures_noise_and_the_comparison_with_the_previous_run() -> None:
+    rep = Report("runtime", "python -m bench.bench_runtime")
+    rep.add(Figure("pdrun / torch", 1.4, "x", "cmd", noise=0.03))
+    rep.add(Figure("one shot", 0.7, "", "cmd"))
+    previous = [{"name": "pdrun / torch", "value": 1.5, "unit": "x", "noise": 0.02}]
+    text = write_results({"runtime": rep}, {}, [], {}, False, 60.0, (0.5, 0.5), previous)
+    assert "| pdrun / torch | 1.400x | ±3.0% | - | - | `cmd` |" in text
+    assert "| one shot | 0.700 | - | - | - | `cmd` |" in text
+    assert "## Against the previous make bench" in text
+    assert "| pdrun / torch | 1.5 | 1.4 | -6.7% | ±3.0% | **no** |" in text
+    first = write_results({"runtime": rep}, {}, [], {}, False, 60.0, (0.5, 0.5), None)
+    assert "Against the previous make bench" not in first
