@@ -35,6 +35,7 @@ from pdprof.batch import batch_shape, first_batch
 from pdprof.clock import Clock, CpuClock, clock_for
 from pdprof.cut import cut_step, find_cut
 from pdprof.inputs import check_target, model_call, prepare
+from pdprof.loss_memory import loss_rise
 from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
@@ -202,6 +203,7 @@ def profile_model(
 
         report("memory", 0, 1)
         memory_rise = _memory_rise(model, whole, inputs, target, loss_fn, (clock, device))
+        loss_rise_bytes = loss_rise(model, whole, inputs, target, loss_fn, device)
         report("sizes", 0, 1)
         sizes = _first_run(traced, inputs, target, loss_fn, config.spec)
         model.zero_grad(set_to_none=True)
@@ -260,7 +262,7 @@ def profile_model(
             clock,
             steady,
             channels_last,
-            memory_rise,
+            (memory_rise, loss_rise_bytes),
         )
     finally:
         torch.set_num_threads(previous_threads)
@@ -388,7 +390,7 @@ def _assemble(
     clock: Clock,
     steady: bool,
     channels_last: bool,
-    memory_rise: float,
+    memory: tuple[float, float],
 ) -> ProfileResult:
     def fig(values: list[float]) -> float:
         return _figure(values, config.statistic)
@@ -471,7 +473,9 @@ def _assemble(
         "concurrent": config.concurrent,
         # The whole model's first training steps, one unit, gradients and no optimizer state:
         # the planner's per-worker overhead is this less its own terms (pdplan.memory).
-        "memory_rise_bytes": memory_rise if math.isfinite(memory_rise) else None,
+        "memory_rise_bytes": memory[0] if math.isfinite(memory[0]) else None,
+        # Of that, the loss's own (pdprof.loss_memory): the last stage's alone.
+        "loss_rise_bytes": memory[1] if math.isfinite(memory[1]) else None,
         # Layers that read one parameter (a tied embedding and head): pdrun sums its gradient over
         # the stages holding it, which the planner's simulation charges (pdplan.schedule_sim).
         "ties": tied_layers(traced),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdplan.build import PlanConfig, make_plan, with_memory
+from pdplan.memory import loss_overhead, output_unsaved, tensor_share, worker_overhead
 from shared.errors import PlanError
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import Cluster, Level, Plan, Stage
@@ -151,6 +153,64 @@ def test_a_stage_holds_the_values_it_sends_that_it_did_not_save() -> None:
     plan = _plan(g, "1f1b")
     memory = plan.stages[1].predicted.memory  # type: ignore[union-attr]
     assert memory.activation_bytes == 2 * (2 + 5 + 8)  # saved + received + sent, two units held
+
+
+def test_a_worker_pays_the_floor_and_the_rest_by_the_square_root_of_its_share_of_the_tensors() -> None:
+    # The probe left 12.5 MB to the process: 2.5 MB of floor, 10 MB to share. Each stage's share of the
+    # step's tensors (gradients twice, plus saved): [x, a] 2 x 100 + 10 of 1,260, b 420, c 630.
+    probed = _graph().model_copy(update={"graph": {"memory_rise_bytes": 660.0 + 12.5e6}})
+    plan = _plan(probed, "1f1b")
+    got = [s.predicted.memory.overhead_bytes for s in plan.stages]  # type: ignore[union-attr]
+    want = [2.5e6 + 10e6 * math.sqrt(share) for share in (210 / 1260, 420 / 1260, 630 / 1260)]
+    assert all(math.isclose(g, w, rel_tol=1e-12) for g, w in zip(got, want, strict=True)), (got, want)
+    assert math.isclose(tensor_share(probed, ["x", "a", "b", "c"]), 1.0)
+    assert math.isclose(worker_overhead(probed, ["x", "a", "b", "c"]), 12.5e6)  # one worker: all of it
+    # The loss's part stays out of the share and goes to the last stage whole.
+    lossy = _graph().model_copy(
+        update={"graph": {"memory_rise_bytes": 660.0 + 12.5e6, "loss_rise_bytes": 4e6}}
+    )
+    got = [s.predicted.memory.overhead_bytes for s in _plan(lossy, "1f1b").stages]  # type: ignore[union-attr]
+    want = [2.5e6 + 6e6 * math.sqrt(share) for share in (210 / 1260, 420 / 1260, 630 / 1260)]
+    want[-1] += 4e6
+    assert all(math.isclose(g, w, rel_tol=1e-12) for g, w in zip(got, want, strict=True)), (got, want)
+
+
+def test_the_losss_own_memory_goes_to_the_last_stage_alone() -> None:
+    # Of the 9,340 bytes the probe leaves to the process, pdprof measured 4,000 as the loss's own
+    # (graph.loss_rise_bytes): the last stage, which computes the loss, pays them beside every worker's
+    # 5,340; a loss figure larger than the whole overhead is capped at it.
+    probed = _graph().model_copy(
+        update={"graph": {"memory_rise_bytes": 10_000.0, "loss_rise_bytes": 4_000.0}}
+    )
+    plan = _plan(probed, "1f1b")
+    assert [s.predicted.memory.overhead_bytes for s in plan.stages] == [5340.0, 5340.0, 9340.0]  # type: ignore[union-attr]
+    capped = _graph().model_copy(update={"graph": {"memory_rise_bytes": 10_000.0, "loss_rise_bytes": 1e9}})
+    assert [s.predicted.memory.overhead_bytes for s in _plan(capped, "1f1b").stages] == [0.0, 0.0, 9340.0]  # type: ignore[union-attr]
+    # One stage: the whole overhead, as before the split.
+    one = with_memory(
+        _plan(probed, "1f1b").model_copy(
+            update={
+                "stages": [Stage(layers=["x", "a", "b", "c"], replicas=1, ranks=[0])],
+                "world_size": 1,
+                "in_flight": 1,
+                "cluster": Cluster(levels=[Level(workers=1, bandwidth=1e9)]),
+            }
+        ),
+        probed,
+    )
+    assert one.stages[0].predicted.memory.overhead_bytes == 9340.0  # type: ignore[union-attr]
+
+
+def test_the_models_unsaved_outputs_count_with_the_loss() -> None:
+    # The loss reads the model's output (c's, 15 bytes), which no layer saved once c saves only 5
+    # of it: a language model's logits. It joins the loss's part, the last stage's alone.
+    assert output_unsaved(_graph()) == 0.0  # c saved 30, more than its output
+    nodes = [n.model_copy(update={"saved_bytes": 5.0}) if n.id == "c" else n for n in _graph().nodes]
+    g = _graph().model_copy(
+        update={"nodes": nodes, "graph": {"memory_rise_bytes": 1e7, "loss_rise_bytes": 100.0}}
+    )
+    assert output_unsaved(g) == 10.0
+    assert loss_overhead(g) == 110.0
 
 
 def test_the_measured_process_overhead_goes_once_to_every_worker() -> None:

@@ -268,3 +268,20 @@ def test_the_memory_probe_sees_the_gradients_of_the_whole_model() -> None:
     assert params > 4e6  # four 512 x 512 layers: the rise below is not lost in the noise of a page
     rise = graph.graph["memory_rise_bytes"]
     assert params <= rise < params + 500e6, (params, rise)
+
+
+def test_the_loss_probe_sees_what_a_wide_loss_adds_beyond_a_gradient() -> None:
+    """A 20,000-way cross-entropy on 64 rows: its step saves log-probabilities and makes their gradient
+    (5.1 MB each) where a surrogate that only passes a gradient back keeps nothing of its own; the probe
+    sees at least one such tensor. On the MNIST CNN's 10 classes the loss adds next to nothing."""
+    from pdprof.loss_memory import loss_rise
+
+    head = torch.nn.Linear(8, 20_000)
+    x, y = torch.randn(64, 8), torch.randint(0, 20_000, (64,))
+    one = 64 * 20_000 * 4
+    rise = loss_rise(head, head, (x,), y, torch.nn.functional.cross_entropy, torch.device("cpu"))
+    assert one <= rise < 8 * one, (one, rise)
+    spec = RunSpec(model="zoo:mnist_cnn", data="zoo:mnist5k")
+    graph = profile_spec(ProfileConfig(spec, batch_size=64, warmup=0, repeats=1)).graph
+    loss = graph.graph["loss_rise_bytes"]
+    assert 0 <= loss < 0.25 * graph.graph["memory_rise_bytes"], graph.graph
