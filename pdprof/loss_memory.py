@@ -29,7 +29,12 @@ from torch.utils._pytree import tree_leaves
 
 from shared.highwater import mark, rise
 
-PROBE_STEPS = 3  # each probe's steps: on a warmed heap the rise holds from the second on
+PROBE_STEPS = 2  # each probe's steps: on a warmed heap the rise holds from the second on
+# The loss's own tensors are a few times the output it reads (cross-entropy: its log-probabilities,
+# their gradient, the output's gradient, 2-6 outputs' worth measured): below this many output bytes
+# they are lost in a page's noise, and the probe's steps are not worth taking (an image classifier's
+# 10 classes); the figure is then 0.
+SMALL_OUTPUT_BYTES = 256 * 1024
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -61,6 +66,8 @@ def loss_rise(
         weights = [torch.randn_like(t) for t in shapes]
     except Exception:
         return math.nan  # the sizes run names the model's failure
+    if sum(t.numel() * t.element_size() for t in shapes) < SMALL_OUTPUT_BYTES:
+        return 0.0
 
     def surrogate() -> None:
         # The same floating outputs, in the same order, each with its fixed gradient handed in as it is:
