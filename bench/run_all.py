@@ -213,6 +213,14 @@ def external_figures(name: str, ext: dict[str, Any] | None) -> Report | None:
     return rep
 
 
+def _with_figures(
+    reports: dict[str, Report | None], external: dict[str, dict[str, Any] | None]
+) -> list[Report]:
+    """Every report that ran, the external benchmarks' figures among them."""
+    done = [r for r in reports.values() if r is not None]
+    return done + [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
+
+
 def write_results(
     reports: dict[str, Report | None],
     external: dict[str, dict[str, Any] | None],
@@ -223,8 +231,7 @@ def write_results(
     load: tuple[float, float],
     previous: list[dict[str, Any]] | None = None,
 ) -> str:
-    done = [r for r in reports.values() if r is not None]
-    done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
+    done = _with_figures(reports, external)
     lines = [
         "# Benchmarks",
         "",
@@ -366,12 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = None if args.quick else reproduce.load(FIGURES_JSON)
     text = write_results(reports, external, log, plot_files, args.quick, seconds, load, previous)
     atomic_write_bytes(RESULTS_MD, text.encode("utf-8"))
-    if (
-        not args.quick
-    ):  # a --quick run's figures are not the figures: the next full run compares with the last full one
-        done = [r for r in reports.values() if r is not None]
-        done += [r for r in (external_figures(n, e) for n, e in external.items()) if r is not None]
-        reproduce.save([f for rep in done for f in rep.figures], FIGURES_JSON)
+    # A --quick run's figures are not the figures: the next full run compares with the last full one.
+    if not args.quick:
+        reproduce.save([f for rep in _with_figures(reports, external) for f in rep.figures], FIGURES_JSON)
     console.print(
         f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
         f"plots in {os.path.relpath(PLOTS)}/"
