@@ -26,8 +26,10 @@ MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mn
 # the allocator's slack: pdplan.memory). A stage's own share of that overhead is not the whole
 # model's: over seven models' stages (bench_predict) measured / predicted ran 0.70-1.40, where
 # without the overhead it ran 1.5-7.6; here, under make test's load, stage 1 measured 0.56 once.
-# Stated band: 0.5-1.5 (a missing overhead reads above 3, one charged twice below 0.5).
-LOW, HIGH = 0.5, 1.5
+# Stage 0 (conv1's 3.2 MB outputs and their gradients) is a known under-prediction (docs/pdplan.md):
+# 1.24-1.43 alone, 1.55 once under make test's load (2026-12-03). Stated band: 0.5-2.0 (a missing
+# overhead reads 3.6-4.2 on stage 0, one charged twice below 0.5).
+LOW, HIGH = 0.5, 2.0
 
 
 @pytest.mark.timeout(240)
