@@ -14,4 +14,5 @@ main = tool_group(
         "schedule": ("pdrun.cmd_schedule:schedule", "Draw a schedule's grid of instructions."),
         "link": ("pdrun.cmd_link:link", "Measure bandwidth and latency between two workers on this machine."),
     },
+    before={"run": "pdrun.preload:warm_for_run"},
 )

@@ -31,7 +31,7 @@ from pdrun.failures import first_failure, signal_name
 from pdrun.interleaved import check_chunked
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
-from pdrun.preload import defining_modules, preload_forkserver
+from pdrun.preload import defining_modules, preload_forkserver, start_forkserver
 from pdrun.result import WorkerResult
 from pdrun.shape import chunk_lengths, effective_plan, pipeline_of, segments
 from pdrun.tied import check_ties, find_ties
@@ -67,10 +67,14 @@ def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
         )
 
 
-def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> tuple[str, ...]:
+def check(
+    plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan", warm: bool = False
+) -> tuple[str, ...]:
     """Everything that can be checked before a worker starts: model, trace, partition, ranks, schedule.
 
     Returns the modules that building the model and its dataset imported (``pdrun.preload``).
+    With ``warm``, the forkserver starts importing them as soon as they are known, while the
+    trace and the data check run here (for a Hugging Face model, seconds of each).
     """
     plan = effective_plan(plan, cfg)
     check_schedule_runs(plan, source)
@@ -82,17 +86,20 @@ def check(plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan") -> 
         raise UserError("--device cuda: no CUDA device is visible here; use --device cpu")
     torch.manual_seed(cfg.seed)
     model = resolve_model(plan.spec.model, plan.spec.model_args)
+    resolve_loss(plan.spec.loss)
+    train_set, _ = datasets(plan.spec)
+    modules = defining_modules(model, train_set)
+    if warm:
+        start_forkserver(modules)
     traced = trace(model, plan.spec.trace)
     part = partition(traced, plan, source)
     check_ties(plan, find_ties(traced, part), source)
-    resolve_loss(plan.spec.loss)
-    train_set, _ = datasets(plan.spec)
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
     check_data(traced, units, plan.spec.loss)  # one batch through the whole model, before any worker
     segs = segments(plan, cfg, units.per_epoch)
     # Every program of the run (its segments cut at checkpoints), each on a bounded window.
     validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg)))
-    return defining_modules(model, train_set)
+    return modules
 
 
 def launch(
@@ -109,7 +116,7 @@ def launch(
 
         return worker_entry(plan.model_dump_json(), resume_config(plan, cfg), None)
     nproc = nodes.nproc_per_node or -(-plan.world_size // nodes.nnodes)
-    modules = check(plan, cfg, nproc * nodes.nnodes, source)
+    modules = check(plan, cfg, nproc * nodes.nnodes, source, warm=_start_method(cfg) == "forkserver")
     return _elastic(plan, resume_config(plan, cfg), nodes, nproc, modules)
 
 
@@ -151,7 +158,7 @@ def _elastic(
         # under load). A forkserver is one clean, single-threaded process that imports torch once
         # and forks every worker of every launch from there: fork's speed without its hazards.
         # CUDA needs spawn (a CUDA context cannot cross a fork).
-        start_method="spawn" if cfg.device == "cuda" else "forkserver",
+        start_method=_start_method(cfg),
     )
     if config.start_method == "forkserver":
         preload_forkserver(modules)
@@ -176,6 +183,11 @@ def _elastic(
             raise Stopped(exc.sigval) from None
     result = out.get(0)
     return list(result) if result is not None else None
+
+
+def _start_method(cfg: RunConfig) -> str:
+    """How the launcher starts its workers (see [Note: start method])."""
+    return "spawn" if cfg.device == "cuda" else "forkserver"
 
 
 @contextmanager

@@ -9,15 +9,22 @@ modules that took; the forkserver imports those, and its children start with the
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import sys
+from collections.abc import Sequence
 from multiprocessing import forkserver
 from typing import Any
+
+from pdrun.env import under_torchrun
 
 # torch._dynamo: creating an optimizer imports it (seconds); pdrun.runner: the worker itself.
 BASE = ("torch", "torch._dynamo", "pdrun.runner")
 # torch is in BASE; the standard library costs nothing to import again.
 _NOT_PRELOADED = {"torch", "builtins", *sys.stdlib_module_names}
+# The packages a forkserver preloading BASE holds: ours come with pdrun.runner. A worker that lacks
+# one of their submodules (a zoo model's file) imports it in milliseconds, not worth a restart.
+_BASE_PACKAGES = {"torch", "pdrun", "shared"}
 
 
 def defining_modules(*objects: Any) -> tuple[str, ...]:
@@ -53,6 +60,48 @@ def preload_forkserver(extra: tuple[str, ...] = ()) -> None:
     current = tuple(getattr(server, "_preload_modules", ()) or ())
     wanted = tuple(dict.fromkeys((*BASE, *current, *extra)))  # ordered, without repeats
     stop = getattr(server, "_stop", None)
-    if running and not set(wanted) <= set(current) and callable(stop):
+    if running and _packages(wanted) - _packages(current) and callable(stop):
         stop()
     multiprocessing.set_forkserver_preload(list(wanted))
+
+
+def start_forkserver(extra: tuple[str, ...] = ()) -> None:
+    """:func:`preload_forkserver`, then start the server at once: it imports while the caller goes on."""
+    preload_forkserver(extra)
+    forkserver.ensure_running()
+
+
+def _packages(modules: tuple[str, ...]) -> set[str]:
+    """The top-level packages a forkserver preloading ``modules`` holds (BASE's with ours)."""
+    top = {m.split(".")[0] for m in modules}
+    return top | _BASE_PACKAGES if set(BASE) <= set(modules) else top
+
+
+def start_early() -> None:
+    """Start the forkserver now, preloading BASE, while this process goes on importing and checking.
+
+    A local CPU launch forks its workers from the forkserver, which must first import torch and
+    the worker (about as long as the launcher's own imports: seconds). Started here, before the
+    launcher imports torch, the two imports run side by side on two cores instead of one after
+    the other. :func:`preload_forkserver` later keeps this server unless the model needs a package
+    it lacks (``transformers``): then it restarts it with that package, as without the early start.
+    A launch that never comes (a bad plan, ``--device cuda``, which spawns) leaves the server
+    idle; it exits with this process.
+    """
+    if getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) is not None:
+        return  # one runs already (a program launching again): preload_forkserver decides about it
+    start_forkserver()
+
+
+def warm_for_run(args: Sequence[str]) -> None:
+    """``pdrun run``'s hook (``shared.cli``): :func:`start_early` unless this run will not fork from it.
+
+    Not for help, not under torchrun (this process is the worker), not on CUDA (spawned workers).
+    A guess from the words alone: a wrong one costs an idle process, never a wrong run.
+    """
+    words = list(args)
+    if {"-h", "--help"} & set(words) or under_torchrun():
+        return
+    if "--device=cuda" in words or any(a == "--device" and b == "cuda" for a, b in itertools.pairwise(words)):
+        return
+    start_early()

@@ -72,6 +72,7 @@ class ToolGroup(click.Group):
         *args: Any,
         default_command: str | None = None,
         lazy: dict[str, tuple[str, str]] | None = None,
+        before: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -79,6 +80,9 @@ class ToolGroup(click.Group):
         # name -> ("module:attr", short help). Imported only when run: most commands import
         # torch (~2 s), which `--version`, `--help` and pdplan must not pay.
         self.lazy = dict(lazy or {})
+        # name -> "module:function", called with the command's arguments before its module is
+        # imported: work that can run beside that import (pdrun run starts its forkserver).
+        self.before = dict(before or {})
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *self.lazy})
@@ -88,6 +92,15 @@ class ToolGroup(click.Group):
             module, _, attr = self.lazy[cmd_name][0].partition(":")
             self.commands[cmd_name] = getattr(importlib.import_module(module), attr)
         return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else None
+        if name in self.before and name not in self.commands:
+            module, _, attr = self.before[name].partition(":")
+            getattr(importlib.import_module(module), attr)(args[1:])
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
@@ -163,7 +176,11 @@ class ToolGroup(click.Group):
 
 
 def tool_group(
-    name: str, help_text: str, default_command: str | None, lazy: dict[str, tuple[str, str]] | None = None
+    name: str,
+    help_text: str,
+    default_command: str | None,
+    lazy: dict[str, tuple[str, str]] | None = None,
+    before: dict[str, str] | None = None,
 ) -> ToolGroup:
     """Build a tool's top-level group with ``--version``, ``--debug`` and its lazily imported commands."""
 
@@ -172,6 +189,7 @@ def tool_group(
         cls=ToolGroup,
         default_command=default_command,
         lazy=lazy,
+        before=before,
         help=help_text,
         context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     )
