@@ -12,16 +12,16 @@ same time by part:
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from pdrun.result import WorkerResult
 from pdrun.shape import units_per_step
 from pdrun.step_rows import INT_FIELDS
 from pdrun.worker import PARTS
 from shared.plan import Plan
-from shared.tables import RUN_METRICS, save_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = (
     "step",
@@ -42,6 +42,8 @@ COLUMNS = (
 
 def frame(results: list[WorkerResult]) -> pd.DataFrame:
     """Every rank's step rows as one table, by step then rank."""
+    import pandas as pd  # here, not at the top: the launcher's start-up does not wait for pandas (0.7 s)
+
     rows = [row for r in results for row in r.rows]
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for col in INT_FIELDS:
@@ -50,6 +52,8 @@ def frame(results: list[WorkerResult]) -> pd.DataFrame:
 
 
 def save(results: list[WorkerResult], path: str, plan: Plan, options: dict[str, Any]) -> None:
+    from shared.tables import RUN_METRICS, save_table  # pandas and pyarrow: at the end, not at start-up
+
     meta = {
         "spec": plan.spec.model_dump(),
         "schedule": plan.schedule,
