@@ -88,7 +88,7 @@ def test_a_running_forkserver_is_kept_for_a_model_of_our_own_packages() -> None:
     # A zoo model's modules are submodules of ours, which the worker imports in milliseconds: kept.
     preload_forkserver(defining_modules(resolve_model("zoo:mnist_cnn", {})))
     assert multiprocessing.forkserver._forkserver._forkserver_pid == pid  # type: ignore[attr-defined]
-    # transformers is not in it: a fresh server preloads it (the next process start launches it).
+    # transformers is not in it: stopped, so the next process start launches a server that preloads it
+    # (what that server's children hold: the test above).
     preload_forkserver(defining_modules(resolve_model("zoo:hf_gpt2", {"n_layer": 1})))
     assert multiprocessing.forkserver._forkserver._forkserver_pid is None  # type: ignore[attr-defined]
-    assert _child_has(GPT2)
