@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
+from typing import TYPE_CHECKING
 
 import click
 
-from pdrun import metrics, timeline
 from pdrun.config import (
     Backend,
     Device,
@@ -19,11 +19,12 @@ from pdrun.config import (
     Transport,
     resolve_units_per_step,
 )
-from pdrun.launch import Nodes, launch
 from shared.cli import console
 from shared.io import display_name
-from shared.layout import MemoryFormat
 from shared.plan import SCHEDULES, Plan, load_plan
+
+if TYPE_CHECKING:
+    from shared.layout import MemoryFormat
 
 
 @click.command("run")
@@ -234,6 +235,10 @@ def run(
         console.print(f"pdrun: {note}", markup=False)
     if resume and checkpoint_dir:
         cfg = _resume_from(p, cfg, checkpoint_dir, quiet)
+    # Here, not at the top: torch and the runtime load for a run, not for `pdrun run --help`.
+    from pdrun import metrics, timeline
+    from pdrun.launch import Nodes, launch
+
     results = launch(
         p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan)
     )

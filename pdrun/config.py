@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from shared.layout import MemoryFormat
 from shared.schedule import default_microbatches
 
 if TYPE_CHECKING:
+    from shared.layout import MemoryFormat  # a Literal; the module imports torch
     from shared.plan import Plan
 
 Optimizer = Literal["sgd", "adam"]
