@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pdprof.profiler import ProfileConfig, ProfileResult, Statistic, profile_spec
-from pdprof.report import summary_line
-from pdprof.update import OptimizerName
 from shared.cli import console, parse_kv, rich_console
-from shared.graph import graph_json
 from shared.io import write_output
-from shared.layout import MemoryFormat
 from shared.spec import RunSpec, TraceOptions
-from shared.tables import PROFILE_TABLE, save_table
+
+if TYPE_CHECKING:  # types only: their modules import torch, which `pdprof profile --help` must not wait for
+    from pdprof.profiler import ProfileResult, Statistic
+    from pdprof.update import OptimizerName
+    from shared.layout import MemoryFormat
 
 
 def _concurrent(value: str | int) -> int | None:
@@ -187,6 +187,11 @@ def profile(
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     ).anchored(".")  # file paths recorded absolute: the graph and its plans work from any directory
+    from pdprof.profiler import ProfileConfig, profile_spec
+    from pdprof.report import summary_line
+    from shared.graph import graph_json
+    from shared.tables import PROFILE_TABLE, save_table
+
     config = ProfileConfig(
         spec,
         batch_size,

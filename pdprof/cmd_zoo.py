@@ -8,7 +8,6 @@ from typing import Any
 import click
 from rich.table import Table
 
-from pdprof.zoo_catalog import catalog
 from shared.cli import console
 
 
@@ -58,6 +57,8 @@ def zoo(as_json: bool) -> None:
       pdprof zoo
       pdprof zoo --json | jq '.models[] | {name, parameters}'
     """
+    from pdprof.zoo_catalog import catalog  # the zoo's models import torch: not for `pdprof zoo --help`
+
     listing = catalog()
     if as_json:
         click.echo(json.dumps(listing, indent=2))
