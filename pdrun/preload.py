@@ -56,7 +56,7 @@ def preload_forkserver(extra: tuple[str, ...] = ()) -> None:
     workers import what they lack themselves, as without a preload).
     """
     server = getattr(forkserver, "_forkserver", None)
-    running = getattr(server, "_forkserver_pid", None) is not None
+    running = _server_running()
     current = tuple(getattr(server, "_preload_modules", ()) or ())
     wanted = tuple(dict.fromkeys((*BASE, *current, *extra)))  # ordered, without repeats
     stop = getattr(server, "_stop", None)
@@ -77,31 +77,27 @@ def _packages(modules: tuple[str, ...]) -> set[str]:
     return top | _BASE_PACKAGES if set(BASE) <= set(modules) else top
 
 
-def start_early() -> None:
-    """Start the forkserver now, preloading BASE, while this process goes on importing and checking.
+def _server_running() -> bool:
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) is not None
+
+
+def warm_for_run(args: Sequence[str]) -> None:
+    """``pdrun run``'s hook (``shared.cli``): start the forkserver now, preloading BASE.
 
     A local CPU launch forks its workers from the forkserver, which must first import torch and
     the worker (about as long as the launcher's own imports: seconds). Started here, before the
     launcher imports torch, the two imports run side by side on two cores instead of one after
     the other. :func:`preload_forkserver` later keeps this server unless the model needs a package
     it lacks (``transformers``): then it restarts it with that package, as without the early start.
-    A launch that never comes (a bad plan, ``--device cuda``, which spawns) leaves the server
-    idle; it exits with this process.
-    """
-    if getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) is not None:
-        return  # one runs already (a program launching again): preload_forkserver decides about it
-    start_forkserver()
 
-
-def warm_for_run(args: Sequence[str]) -> None:
-    """``pdrun run``'s hook (``shared.cli``): :func:`start_early` unless this run will not fork from it.
-
-    Not for help, not under torchrun (this process is the worker), not on CUDA (spawned workers).
-    A guess from the words alone: a wrong one costs an idle process, never a wrong run.
+    Not for help, not under torchrun (this process is the worker), not on CUDA (spawned workers),
+    not when one runs already (a program launching again: preload_forkserver decides about it).
+    A guess from the words alone: a wrong one (a bad plan, a launch that never comes) costs an
+    idle process that exits with this one, never a wrong run.
     """
     words = list(args)
-    if {"-h", "--help"} & set(words) or under_torchrun():
+    if {"-h", "--help"} & set(words) or under_torchrun() or _server_running():
         return
     if "--device=cuda" in words or any(a == "--device" and b == "cuda" for a, b in itertools.pairwise(words)):
         return
-    start_early()
+    start_forkserver()

@@ -89,8 +89,7 @@ class ToolGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in self.lazy:
-            module, _, attr = self.lazy[cmd_name][0].partition(":")
-            self.commands[cmd_name] = getattr(importlib.import_module(module), attr)
+            self.commands[cmd_name] = _load(self.lazy[cmd_name][0])
         return self.commands.get(cmd_name)
 
     def resolve_command(
@@ -98,8 +97,7 @@ class ToolGroup(click.Group):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else None
         if name in self.before and name not in self.commands:
-            module, _, attr = self.before[name].partition(":")
-            getattr(importlib.import_module(module), attr)(args[1:])
+            _load(self.before[name])(args[1:])
         return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -173,6 +171,12 @@ class ToolGroup(click.Group):
                 f"{name}: internal error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)"
             )
             sys.exit(exit_code_for(exc))
+
+
+def _load(where: str) -> Any:
+    """The object ``module:attr`` names, its module imported now."""
+    module, _, attr = where.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def tool_group(
