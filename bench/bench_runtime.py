@@ -426,7 +426,7 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
                 command,
                 at_least=wanted,
                 note=missing or ("rounds' ratios " + " ".join(f"{x:.3f}" for x in each) if each else ""),
-                noise=spread(each, ratio),
+                noise=spread(each, ratio, "best"),
             )
         )
     # Equal settings, checked: the flush schedules train exactly what one process trains.

@@ -254,9 +254,11 @@ def write_results(
     lines += [
         "## The figures",
         "",
-        "Noise: half the range of the rounds behind a figure over its value (a ratio's rounds: each round's "
-        "pair side by side); a later `make bench` reproduces a figure when it lands within it "
-        "(`bench.reproduce`, the section after this table).",
+        "Noise: the band a later `make bench` lands within 99 times in 100 if its rounds scatter as this "
+        "run's did: 1.7 times the range of the rounds behind a figure (the median of three), 1.9 times for "
+        "a ratio of each side's best of three (a ratio's rounds: each round's pair side by side), over its "
+        "value; a later `make bench` reproduces a figure when it lands within it (`bench.reproduce`, the "
+        "section after this table).",
         "",
         *_figures(done),
         "",
