@@ -30,10 +30,12 @@ demo: install
 
 # Tests run in parallel, one pytest worker per core (pytest-xdist); those marked `serial` time the
 # machine and run alone after the rest. Both parts always run; make fails if either failed.
+# --dist worksteal: a worker that runs out takes queued tests from the other; with xdist's default the
+# first worker sat idle the last 400 of 900 s while the second worked through its queue (2026-12-03).
 TEST_WORKERS ?= auto
 test: install
 	rc=0; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not serial" --durations=25 || rc=1; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m "not serial" --durations=25 || rc=1; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m serial --durations=5 || rc=1; \
 	exit $$rc
 

@@ -52,8 +52,12 @@ def test_a_cut_step_times_both_parts_backward() -> None:
     clock = clock_for(torch.device("cpu"))
     for cut in (None, "slow_bwd"):
         forward, backward = cut_step(traced.module, (x,), y, CE, clock, cut)
-        assert 20 <= forward < 35
-        assert 30 <= backward < 45
+        # A few ms under the sleeps is the CPU clock's doing on a loaded host: it takes off the time the
+        # thread sat runnable, and the kernel books a wait when the thread next runs, which can be after the
+        # step's first mark (27.5 ms measured once under make test). A backward missing the second call
+        # would be a fraction of a millisecond.
+        assert 15 <= forward < 35
+        assert 22 <= backward < 45
 
 
 @pytest.mark.serial  # times the machine: run alone (Makefile)
