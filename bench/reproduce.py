@@ -2,8 +2,8 @@
 
 A figure's stated noise (``Figure.noise``, ``bench.measure.spread``) is the band a second run lands
 within 99 times in 100 when its rounds scatter normally: a multiple of the range of the rounds behind
-it (1.7 for the median of three rounds), over its value. A figure reproduces when its new value lies within the larger of the two runs' stated
-noises of its previous value: ``|now - previous| <= max(noise_now, noise_previous) x |previous|``.
+it (``bench.measure.band_factor``), over its value. A figure reproduces when its new value lies within
+the larger of the two runs' stated noises of its previous value: ``|now - previous| <= max(noise_now, noise_previous) x |previous|``.
 A figure without a stated noise on either side (one measurement, nothing to say how much it
 moves) is listed but not judged. ``make bench`` keeps each run's figures in
 ``bench/results/figures.json`` and writes this comparison into RESULTS.md against the run before.
