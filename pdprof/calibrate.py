@@ -16,7 +16,10 @@ time per minibatch pdrun measured.
 So on CUDA each forward, backward and loss figure is scaled by the whole step's time over the
 profiled step's (layers, loss and the backward's tail), and each layer's update by one optimizer
 step over all parameters over the layers' sum: the layers keep the proportions measured, and
-their total is what a real step pays. The factors are recorded in the graph (``calibration``).
+their total is what a real step pays. The whole step there is one of the traced graph, which
+pdrun's stages run, not of the user's model: a Hugging Face model's exported graph of aten ops
+runs slower than the model (anchored to the model, a 4-block GPT-2's one-worker plan predicted
+0.80 of pdrun's time on the H200). The factors are recorded in the graph (``calibration``).
 On CPU nothing is scaled: a mark is a clock read outside the layer's call, and the layers sum to
 0.96-1.05 of a directly timed step (``bench.bench_profiler``).
 """

@@ -35,6 +35,7 @@ from shared.layout import module_to_channels_last, use_channels_last
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
 from shared.tracer import trace
+from shared.tracer_export import set_device
 
 
 @dataclass
@@ -117,6 +118,8 @@ def build_worker(
         # (pdrun/peak.py). An interleaved rank builds its other chunks from it still.
         model.traced = None
     stage.module.to(device)
+    if plan.spec.trace.frontend == "export":
+        set_device(stage.module, device)
     if model.channels_last:
         module_to_channels_last(stage.module)
     group, tied = None, None

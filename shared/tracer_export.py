@@ -181,6 +181,34 @@ def _set_dtype(flat: fx.GraphModule, dtype: torch.dtype) -> None:
             gm.recompile()
 
 
+def set_device(module: nn.Module, device: torch.device) -> None:
+    """The devices an exported graph names become ``device``, in ``module`` and every graph it calls.
+
+    Export bakes the device it traced on into the graph (GPT-2's ``aten.arange`` of positions, the
+    ``aten.to`` of its mask: ``device=cpu``), where an fx graph reads ``x.device`` as it runs; so a
+    stage moved to a GPU with ``module.to`` would still make those tensors on the CPU. Called
+    beside ``module.to(device)`` wherever a traced model of the export frontend is placed (pdprof's
+    profile, pdrun's stage), as torch's own ``move_to_device_pass`` does for an ExportedProgram.
+    """
+    moved: list[bool] = []
+
+    def place(a: Any) -> Any:
+        if isinstance(a, torch.device) and a != device:
+            moved.append(True)
+            return device
+        return a
+
+    for gm in module.modules():
+        if not isinstance(gm, fx.GraphModule):
+            continue
+        moved.clear()
+        for n in gm.graph.nodes:
+            n.args = fx.node.map_aggregate(n.args, place)
+            n.kwargs = fx.node.map_aggregate(n.kwargs, place)
+        if moved:
+            gm.recompile()
+
+
 def _floating_dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), EXPORT_DTYPE)
 

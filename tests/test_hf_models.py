@@ -227,3 +227,30 @@ def test_pdprof_sizes_a_hugging_face_model_whose_masks_are_built_under_vmap(tmp_
     assert res.exit_code == 0, res.output
     saved = [node["saved_bytes"] for node in json.loads(out.read_text())["nodes"]]
     assert all(b >= 0 for b in saved) and sum(saved) > 0
+
+
+def test_an_exported_graph_runs_on_the_device_it_is_placed_on() -> None:
+    """Export bakes its device into the graph (GPT-2's position ``arange``, its mask's ``to``): a stage
+    moved to a GPU must make those tensors there. The meta device stands in for CUDA on this host: moved
+    with ``module.to`` alone the graph still makes CPU tensors and fails; with ``set_device`` it runs."""
+    from shared.tracer_export import set_device
+
+    model = resolve_model("zoo:hf_gpt2", {"n_layer": 2})
+    meta = torch.device("meta")
+    ids = torch.ones(2, 16, dtype=torch.int64, device=meta)
+    moved = trace(model, _example(["input_ids", "attention_mask"])).module.to(meta)
+    with pytest.raises(NotImplementedError):
+        moved(ids, ids)
+    placed = trace(model, _example(["input_ids", "attention_mask"])).module.to(meta)
+    set_device(placed, meta)
+    out = placed(ids, ids)
+    assert out.device == meta and tuple(out.shape) == (2, 16, model.config.vocab_size)
+    devices = {
+        a
+        for gm in placed.modules()
+        if isinstance(gm, torch.fx.GraphModule)
+        for n in gm.graph.nodes
+        for a in (*n.args, *n.kwargs.values())
+        if isinstance(a, torch.device)
+    }
+    assert devices == {meta}  # there were some (export named the CPU), and every one is the stage's now
