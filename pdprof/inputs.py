@@ -19,7 +19,7 @@ from shared.errors import SpecError, UserError
 from shared.fields import forward_parameters, input_order, keyword_dataset, keyword_fields
 from shared.spec import ExampleInput, RunSpec
 from shared.tracer import is_hugging_face
-from shared.tracer_export import KeywordCall
+from shared.tracer_export import KeywordCall, select_output
 
 
 def prepare(spec: RunSpec, model: nn.Module, dataset: Any, batch_size: int) -> tuple[RunSpec, Any]:
@@ -80,12 +80,27 @@ def _first_inputs(dataset: Any, batch_size: int, name: str) -> list[torch.Tensor
     return inputs
 
 
+class OutputField(nn.Module):
+    """``model(*args)``, or its field ``field`` when it returns a dict (``logits`` or its first field
+    when none was chosen yet): a dict-returning model as its traced graph returns it (the tracer
+    rewrites the graph's output to the field the loss reads)."""
+
+    def __init__(self, model: nn.Module, field: str | None) -> None:
+        super().__init__()
+        self.model = model
+        self.field = field
+
+    def forward(self, *args: Any) -> Any:
+        return select_output(self.model(*args), self.field)[0]
+
+
 def model_call(model: nn.Module, spec: RunSpec) -> nn.Module:
-    """The user's model as a whole step calls it: by keyword with the recorded output field, or as it is."""
+    """The user's model as a whole step calls it: by keyword with the recorded output field, or
+    positionally with the output field (a dict's)."""
     if spec.trace.frontend == "export" or spec.inputs is not None:
         names = [e.name for e in spec.trace.example]
         return KeywordCall(model, names, spec.trace.output)
-    return model
+    return OutputField(model, spec.trace.output)
 
 
 def check_target(spec: RunSpec, inputs: tuple[Any, ...], target: Any) -> None:

@@ -13,6 +13,7 @@ torch can hang) and stopped by an event; their own figures are thrown away.
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +27,25 @@ START_TIMEOUT_S = 120.0
 
 
 def _busy(
+    spec: dict[str, Any],
+    batch_size: int,
+    threads: int,
+    memory_format: MemoryFormat,
+    ready: Any,
+    stop: Any,
+    errors: Any,
+) -> None:
+    """A sibling's life; an error becomes one line on ``errors`` and exit status 1, not a traceback on
+    the terminal: the profiled process meets the same model and says what went wrong itself."""
+    try:
+        _train(spec, batch_size, threads, memory_format, ready, stop)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        errors.put(f"{type(exc).__name__}: {first}")
+        raise SystemExit(1) from None
+
+
+def _train(
     spec: dict[str, Any], batch_size: int, threads: int, memory_format: MemoryFormat, ready: Any, stop: Any
 ) -> None:
     import torch
@@ -72,22 +92,28 @@ def siblings(
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     ready = [ctx.Event() for _ in range(count)]
+    errors = ctx.SimpleQueue()
     procs = [
         ctx.Process(
-            target=_busy, args=(spec.model_dump(), batch_size, threads, memory_format, r, stop), daemon=True
+            target=_busy,
+            args=(spec.model_dump(), batch_size, threads, memory_format, r, stop, errors),
+            daemon=True,
         )
         for r in ready
     ]
     for p in procs:
         p.start()
     try:
+        deadline = time.monotonic() + START_TIMEOUT_S
         for p, r in zip(procs, ready, strict=True):
-            if not r.wait(START_TIMEOUT_S):
-                why = (
-                    f"exited with {p.exitcode}"
-                    if p.exitcode is not None
-                    else f"not ready in {START_TIMEOUT_S:.0f} s"
-                )
+            # Wait in slices, so a sibling that died is reported at once rather than at the deadline.
+            while not r.wait(0.2) and p.is_alive() and time.monotonic() < deadline:
+                pass
+            if not r.is_set():
+                if p.exitcode is None:
+                    why = f"not ready in {START_TIMEOUT_S:.0f} s"
+                else:
+                    why = f"exited with {p.exitcode}" + (f": {errors.get()}" if not errors.empty() else "")
                 raise UserError(f"--concurrent: a sibling process training {spec.model} {why}")
         yield
     finally:

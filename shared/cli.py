@@ -135,6 +135,10 @@ class ToolGroup(click.Group):
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         debug = "--debug" in argv or os.environ.get("PIPEDREAM_DEBUG") == "1"
+        if "--debug" in argv:
+            # A group flag, taken anywhere: the one-line errors say "rerun with --debug", and a user adds
+            # it at the end, where the command's own options would refuse it.
+            argv = ["--debug", *(a for a in argv if a != "--debug")]
         name = prog_name or self.name or "tool"
         try:
             return super().main(argv, prog_name=name, standalone_mode=False, **extra)

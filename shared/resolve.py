@@ -7,6 +7,7 @@ A loss is ``cross_entropy``, ``causal_lm``, ``mse`` or a callable spec returning
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -49,7 +50,10 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
         path = Path(target)
         if not path.is_file():
             raise SpecError(f"{kind} spec {spec!r}: file {target!r} not found")
-        mod_name = f"_pipedream_user_{abs(hash(str(path.resolve())))}"
+        # The same name in every process (str's hash() is salted per process): it names the file's
+        # classes and functions in the graph (an autograd Function's call: shared.tracer).
+        digest = hashlib.sha256(str(path.resolve()).encode("utf-8")).hexdigest()[:12]
+        mod_name = f"_pipedream_user_{path.stem}_{digest}"
         module = sys.modules.get(mod_name)
         if module is None:
             loader_spec = importlib.util.spec_from_file_location(mod_name, path)

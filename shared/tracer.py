@@ -21,16 +21,18 @@ reads (``TraceOptions.output``: ``logits`` unless named), recorded so pdrun pick
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from torch import fx, nn
+from torch.utils._pytree import tree_leaves
 
 from shared.errors import TraceError
 from shared.graph import graph_hash
@@ -204,6 +206,71 @@ def _explain(tracer: _Tracer, model: nn.Module) -> Iterator[None]:
         raise TraceError(f"torch.fx cannot trace {place}: {construct}; {hint}") from exc
 
 
+@functools.cache
+def _function_call(cls: type[torch.autograd.Function]) -> Callable[..., Any]:
+    """``cls.apply`` as a plain function for the graph to call, named after the Function."""
+
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        return cls.apply(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+    apply.__module__ = cls.__module__
+    return apply
+
+
+@contextmanager
+def _functions_kept(tracer: _Tracer) -> Iterator[None]:
+    """A user's ``torch.autograd.Function`` stays one call in the graph while fx traces.
+
+    Left alone, fx runs the Function's ``forward`` on its proxies and records the ops inside, so the
+    graph computes the forward with autograd's own backward for those ops, not the Function's (a
+    straight-through or gradient-scaling Function silently trains otherwise). So while tracing,
+    ``Function.apply`` on traced values records one call of it (:func:`_function_call`), which runs
+    the Function itself, its backward included. torch's own Functions (inside its modules, which
+    are leaves, or a reentrant checkpoint) are traced as before.
+    """
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
+        traced = any(isinstance(a, fx.Proxy) for a in tree_leaves((args, kwargs)))
+        if not traced or cls.__module__.split(".")[0] == "torch":
+            return original.__func__(cls, *args, **kwargs)
+        return tracer.create_proxy("call_function", _function_call(cls), args, kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def _state_kept(model: nn.Module) -> Iterator[None]:
+    """Refuse a forward that assigns a module's state (``self.seen += n`` on a buffer), and leave the
+    model as it was: while fx traces, such an assignment stores a traced value in the module, which
+    then breaks the model's later use (``model.to`` fails on it) far from the cause."""
+    buffers = {(name, key): value for name, m in model.named_modules() for key, value in m._buffers.items()}
+    try:
+        yield
+    finally:
+        assigned = []
+        for name, m in model.named_modules():
+            for key, value in list(m._buffers.items()):
+                if isinstance(value, fx.Proxy):
+                    m._buffers[key] = buffers.get((name, key))
+                    assigned.append(f"{name}.{key}" if name else key)
+            for key, value in list(vars(m).items()):
+                if isinstance(value, fx.Proxy):
+                    delattr(m, key)
+                    assigned.append(f"{name}.{key}" if name else key)
+        if assigned:
+            raise TraceError(
+                f"{type(model).__name__}'s forward assigns {', '.join(repr(a) for a in assigned)} while it runs "
+                "(e.g. a buffer updated in place): a traced graph cannot update a module's state; update it "
+                "outside forward, or do it in a submodule kept as one layer with --leaf-module NAME"
+            )
+
+
 def is_hugging_face(model: nn.Module) -> bool:
     """A transformers ``PreTrainedModel`` (transformers imported only where the model came from it)."""
     transformers = sys.modules.get("transformers")
@@ -229,10 +296,10 @@ def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
         )
     tracer = _Tracer(options)
     names = [e.name for e in options.example]
-    with _explain(tracer, model):
+    with _explain(tracer, model), _functions_kept(tracer), _state_kept(model):
         graph = tracer.trace(model, concrete_args=_concrete(model, names) if names else None)
-    field_name = _select_output(graph, options.output)
     module = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    field_name = _select_output(module, options.output)
     return _layers(module, options.model_copy(update={"output": field_name}), model, fold=False)
 
 
@@ -246,15 +313,17 @@ def _concrete(model: nn.Module, names: list[str]) -> dict[str, Any]:
     }
 
 
-def _select_output(graph: fx.Graph, field_name: str | None) -> str | None:
-    """Rewrite a dict output to the one field the loss reads; the field's name, or None."""
+def _select_output(module: fx.GraphModule, field_name: str | None) -> str | None:
+    """Rewrite a dict output to the one field the loss reads; the field's name, or None. On the module,
+    not its bare graph: dead-code elimination asks the owning module which calls are pure."""
     from shared.tracer_export import select_output
 
-    out = next(n for n in graph.nodes if n.op == "output")
+    out = next(n for n in module.graph.nodes if n.op == "output")
     value, chosen = select_output(out.args[0], field_name)
     if chosen is not None:
         out.args = (value,)
-        graph.eliminate_dead_code()
+        module.graph.eliminate_dead_code()
+        module.recompile()
     return chosen
 
 

@@ -239,3 +239,24 @@ def test_python_dash_m_runs_the_same_command_as_the_script(tool: str, tmp_path: 
         [sys.executable, "-m", tool, "--no-such-option"], capture_output=True, text=True, timeout=60, env=env
     )
     assert bad.returncode == 2 and bad.stderr.startswith(f"{tool}: error:"), bad.stderr
+
+
+def test_debug_is_taken_anywhere_on_the_line(tmp_path: Path) -> None:
+    """The one-line errors say "rerun with --debug"; a user appends it, after the command's own options."""
+    done = subprocess.run(
+        [
+            str(BIN / "pdplan"),
+            str(tmp_path / "missing.json"),
+            "--workers",
+            "2",
+            "--bandwidth",
+            "1e9",
+            "--debug",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr and "No such option" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("pdplan: error: ")

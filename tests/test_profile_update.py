@@ -3,6 +3,11 @@ without moving the weights), fetching a batch (data_ms), and neighbours (--concu
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +139,81 @@ def _profile_graph_extras(spec: RunSpec) -> dict[str, object]:
     from pdprof.profiler import profile_spec
 
     return profile_spec(ProfileConfig(spec, 16, warmup=0, repeats=1)).graph.graph
+
+
+SIBLING_MODELS = """
+import multiprocessing
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        self.a, self.b, self.as_dict = nn.Linear(16, 16), nn.Linear(16, 4), as_dict
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        return {"logits": y, "features": x} if self.as_dict else y
+
+
+def dict_out() -> nn.Module:
+    return Net(True)
+
+
+def fails_in_siblings() -> nn.Module:
+    if multiprocessing.current_process().name != "MainProcess":
+        raise RuntimeError("only a sibling fails")
+    return Net(False)
+
+
+def data():
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.TensorDataset(x, x[:, :4].argmax(1))
+"""
+
+
+def _profile_cli(tmp_path: Path, model: str, concurrent: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "sib.py").write_text(SIBLING_MODELS)
+    pdprof = str(Path(sys.executable).with_name("pdprof"))
+    flags = [
+        "--batch-size",
+        "16",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--concurrent",
+        concurrent,
+        "-o",
+        "g.json",
+    ]
+    return subprocess.run(
+        [pdprof, "--model", f"sib.py:{model}", "--data", "sib.py:data", *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def test_a_model_returning_a_dict_profiles_its_logits_beside_a_sibling(tmp_path: Path) -> None:
+    done = _profile_cli(tmp_path, "dict_out", "2")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr  # the sibling calls the model as the profiled process does
+    graph = json.loads((tmp_path / "g.json").read_text())
+    assert graph["spec"]["trace"]["output"] == "logits"
+    assert [n["id"] for n in graph["nodes"] if n["op"] == "call_module"] == ["a", "b"]
+
+
+def test_a_sibling_that_fails_says_why_in_one_line_at_once(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    done = _profile_cli(tmp_path, "fails_in_siblings", "2")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "a sibling process" in lines[0] and "only a sibling fails" in lines[0], lines[0]
+    assert time.monotonic() - t0 < 60  # not the sibling start-up's 120 s deadline
+    assert not (tmp_path / "g.json").exists()

@@ -90,3 +90,76 @@ def test_untraceable_forward_of_the_model_itself_suggests_grouping() -> None:
     assert "the model's own forward (Top)" in str(info.value)
     assert "used as a Python number" in str(info.value)
     assert "--leaf-module" in str(info.value) and "--depth" in str(info.value)
+
+
+class _ZeroGrad(torch.autograd.Function):
+    """Identity forward, no gradient back: what fx would lose if it traced through forward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.zeros_like(g)
+
+
+class _Scale(torch.autograd.Function):
+    """Identity forward, gradient times ``factor`` (a non-tensor argument)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+class _WithFunctions(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen, self.scaled, self.head = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        x = _ZeroGrad.apply(self.frozen(x))
+        return self.head(_Scale.apply(self.scaled(x), 0.5))
+
+
+def test_an_autograd_function_stays_one_call_and_keeps_its_backward() -> None:
+    torch.manual_seed(0)
+    model = _WithFunctions().double()
+    traced = trace(model)
+    calls = [layer for layer in traced.layers if layer.op == "call_function"]
+    assert [c.target.rsplit(".", 1)[-1] for c in calls] == ["_ZeroGrad_apply", "_Scale_apply"]
+    x = torch.randn(4, 8, dtype=torch.float64)
+    traced.module(x).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=0, atol=0)
+    assert torch.count_nonzero(got["frozen.weight"]) == 0  # the Function's backward, not view_as's
+    assert torch.count_nonzero(got["scaled.weight"]) > 0
+    assert torch.autograd.Function.__dict__["apply"].__func__.__qualname__ == "Function.apply"  # restored
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 2)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        self.seen += x.shape[0]
+        return self.fc(x)
+
+
+def test_a_forward_that_assigns_a_buffer_is_refused_and_the_model_left_whole() -> None:
+    model = _Counting()
+    with pytest.raises(TraceError, match=r"assigns 'seen'.*--leaf-module"):
+        trace(model)
+    assert isinstance(model.seen, torch.Tensor) and model.seen.item() == 0
+    model.to(torch.float64)  # what failed later, far from the cause, before
+    assert model(torch.ones(3, 8, dtype=torch.float64)).shape == (3, 2) and model.seen.item() == 3
