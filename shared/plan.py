@@ -359,6 +359,12 @@ def check_against_graph(
                 f"{source}: stages[{b}]: not convex: layer {edge.target!r} (stage {b}) feeds from "
                 f"{edge.source!r} in the later stage {a}; stages must follow the data flow"
             )
+    skip = chunk_skip(plan, graph)
+    if skip is not None:
+        raise PlanError(
+            f"{source}: stages[{skip[0]}]: {skip_words(skip)}; cut where only a chunk's output crosses "
+            f"(pdplan --schedule auto --virtual-stages {plan.virtual_stages} keeps only such splits)"
+        )
     if plan.batch_size != graph.batch_size:
         raise PlanError(
             f"{source}: batch_size: {plan.batch_size}, but the graph was profiled at {graph.batch_size} "
@@ -372,6 +378,31 @@ def check_against_graph(
             f"{max(plan.stages[last].ranks)}, layer {plan.stages[last].layers[-1]!r}), "
             f"but the launcher provides {world_size}"
         )
+
+
+def chunk_skip(plan: Plan, graph: LayerGraph) -> tuple[int, int, str, str] | None:
+    """Under interleaved-1f1b, the first value that skips a chunk: (its stage, the stage that reads it,
+    the layer making it, the layer reading it); None when every value goes to the next chunk, or the
+    plan runs one chunk a worker. pdrun's interleaved lowering passes values along the chain of chunks
+    only (``pdrun.shape.chunk_chain``); a model input is read from each stage's own batch."""
+    if plan.virtual_stages <= 1:
+        return None
+    owner = plan.stage_of()
+    inputs = {n.id for n in graph.nodes if n.op == "input"}
+    for edge in graph.edges:
+        a, b = owner.get(edge.source), owner.get(edge.target)
+        if a is not None and b is not None and b > a + 1 and edge.source not in inputs:
+            return a, b, edge.source, edge.target
+    return None
+
+
+def skip_words(skip: tuple[int, int, str, str]) -> str:
+    """:func:`chunk_skip`'s finding in words."""
+    a, b, made, read = skip
+    return (
+        f"layer {made!r} (stage {a}) feeds {read!r} in stage {b}, but interleaved-1f1b sends values only "
+        "to the next chunk"
+    )
 
 
 def stage_graph(plan: Plan, graph: LayerGraph) -> nx.DiGraph:

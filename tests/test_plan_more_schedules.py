@@ -122,3 +122,33 @@ def test_old_plans_load_and_hand_edits_are_checked(tmp_path: Path) -> None:
 def test_pdrun_runs_each_of_them() -> None:
     for p in (_plan("interleaved-1f1b", 8, 2), _plan("zb-h1"), _plan("2bw", None)):
         check_schedule_runs(p)  # no refusal: pdrun runs them (tests/test_run_interleaved.py, _zb.py, _2bw.py)
+
+
+def test_an_interleaved_split_whose_value_skips_a_chunk_is_refused_before_a_plan_is_written(
+    tmp_path: Path,
+) -> None:
+    """pdrun's interleaved lowering passes values to the next chunk only: a split where one skips (a
+    padding mask read two chunks later) is refused by pdplan and by pdplan validate, not by pdrun."""
+    from shared.graph import Edge
+
+    g = _graph()
+    g = g.model_copy(update={"edges": [*g.edges, Edge(source="l0", target="l5", bytes=g.edges[0].bytes)]})
+    save_graph(g, tmp_path / "g.json")
+    args = [str(tmp_path / "g.json"), "--workers", "2", "--bandwidth", "1e12", "--straight"]
+    res = CliRunner().invoke(main, [*args, "--schedule", "interleaved-1f1b", "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and not (tmp_path / "p.json").exists()
+    assert "layer 'l0' (stage 0) feeds 'l5' in stage 2" in res.output and "--schedule auto" in res.output
+    # auto drops such splits and writes a plan pdrun can run.
+    res = CliRunner().invoke(
+        main, [*args, "--schedule", "auto", "--virtual-stages", "2", "-o", str(tmp_path / "a.json")]
+    )
+    assert res.exit_code == 0, res.output
+    # A hand-made interleaved plan with the skip: validate names it.
+    good = _plan("interleaved-1f1b", virtual=2, workers=2).model_copy(
+        update={"graph_hash": g.structure_hash()}
+    )
+    (tmp_path / "h.json").write_text(good.model_dump_json())
+    res = CliRunner().invoke(
+        main, ["validate", str(tmp_path / "h.json"), "--graph", str(tmp_path / "g.json")]
+    )
+    assert res.exit_code == 2 and "sends values only to the next chunk" in res.output, res.output
