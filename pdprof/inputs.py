@@ -103,14 +103,44 @@ def model_call(model: nn.Module, spec: RunSpec) -> nn.Module:
     return OutputField(model, spec.trace.output)
 
 
+def check_vocabulary(spec: RunSpec, model: nn.Module, inputs: tuple[Any, ...]) -> None:
+    """Refuse token ids past a Hugging Face model's vocabulary (its embedding would fail with a bare
+    ``index out of range in self``), naming the ids' largest and ``config.vocab_size``. The first batch."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not is_hugging_face(model) or not isinstance(vocab, int) or spec.inputs is None:
+        return
+    ids = dict(zip(spec.inputs, inputs, strict=False)).get("input_ids")
+    if (
+        isinstance(ids, torch.Tensor)
+        and ids.numel()
+        and not ids.is_floating_point()
+        and int(ids.max()) >= vocab
+    ):
+        raise UserError(
+            f"--data {spec.data}: input_ids go up to {int(ids.max())} in the first batch, but "
+            f"{type(model).__name__}'s vocabulary has {vocab} tokens (config.vocab_size); build the model "
+            f"with vocab_size above {int(ids.max())}, or give it data of its vocabulary"
+        )
+
+
 def check_target(spec: RunSpec, inputs: tuple[Any, ...], target: Any) -> None:
     """Refuse cross entropy against labels that are the inputs themselves (a causal LM would learn to copy)."""
     if spec.loss != "cross_entropy" or spec.inputs is None or not isinstance(target, torch.Tensor):
         return
+    # Labels are ignored at -100 (cross entropy's ignore_index; the zoo's token datasets pad so): the
+    # rest equal to the inputs is a copying task all the same.
+    kept = target != -100
     for name, value in zip(spec.inputs, inputs, strict=False):
-        if isinstance(value, torch.Tensor) and value.shape == target.shape and torch.equal(value, target):
+        if (
+            isinstance(value, torch.Tensor)
+            and value.shape == target.shape
+            and bool(kept.any())
+            and torch.equal(value[kept], target[kept])
+        ):
             raise UserError(
-                f"--loss cross_entropy: the target field {spec.target!r} equals the input {name!r}, so the "
+                "--loss cross_entropy: the target "
+                + (f"field {spec.target!r}" if spec.target else "(the dataset's, where it is not -100)")
+                + f" equals the input {name!r}, so the "
                 "model would learn to copy its input; for a causal LM whose labels are its inputs use "
                 "--loss causal_lm (predicts token t+1 from tokens up to t)"
             )

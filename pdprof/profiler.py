@@ -35,7 +35,7 @@ from pdprof.batch import batch_shape, first_batch
 from pdprof.calibrate import Calibration, anchored, calibrate
 from pdprof.clock import Clock, CpuClock, clock_for
 from pdprof.cut import cut_step, find_cut
-from pdprof.inputs import check_target, model_call, prepare
+from pdprof.inputs import check_target, check_vocabulary, model_call, prepare
 from pdprof.loss_memory import loss_rise
 from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
@@ -122,6 +122,7 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
     assert spec.data is not None
     loss_fn = resolve_loss(spec.loss)
     inputs, target = first_batch(dataset, config.batch_size, device, spec.data)
+    check_vocabulary(spec, model, inputs)
     check_target(spec, inputs, target)
     if config.concurrent is None:
         config = replace(config, concurrent=auto_concurrent(device, config.threads))

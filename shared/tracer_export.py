@@ -24,8 +24,13 @@ same graph with its float32 constants set to float64; see [Note: export in float
 from __future__ import annotations
 
 import copy
+import linecache
+import logging
 import operator
-from collections.abc import Mapping
+import os
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -155,11 +160,18 @@ def export_module(model: nn.Module, options: TraceOptions) -> tuple[fx.GraphModu
     was_training = subject.training
     subject.train()
     try:
-        exported = torch.export.export(call, example_inputs(subject, options), strict=False)
+        with _layerdrop_off(subject), _quiet_torch_logs():
+            exported = torch.export.export(call, example_inputs(subject, options), strict=False)
+    except TraceError:
+        raise
     except Exception as exc:
-        first = " ".join(str(exc).split())[:300]
+        first = " ".join(str(exc).split())
+        first = first if len(first) <= 300 else first[:300].rsplit(" ", 1)[0] + " ..."
+        where = _model_line(exc)
         raise TraceError(
-            f"torch.export cannot trace {type(model).__name__}: {type(exc).__name__}: {first}"
+            f"torch.export cannot trace {type(model).__name__}"
+            + (f" at {where}" if where else "")
+            + f": {type(exc).__name__}: {first}"
         ) from exc
     finally:
         subject.train(was_training)
@@ -167,6 +179,69 @@ def export_module(model: nn.Module, options: TraceOptions) -> tuple[fx.GraphModu
     if run_dtype != EXPORT_DTYPE:
         _set_dtype(flat, run_dtype)
     return _regroup(flat, model, names), call.chosen
+
+
+@contextmanager
+def _layerdrop_off(model: nn.Module) -> Iterator[None]:
+    """LayerDrop (OPT, BART, Whisper, mBART and some 40 more transformers models) skips a layer when
+    ``torch.rand([]) < self.layerdrop``, in training, even at ``layerdrop = 0``: a draw a static graph
+    cannot hold, which export refuses (a data-dependent guard). At 0 no layer is ever skipped, so while
+    exporting a 0-dim ``torch.rand`` draws 1.0, which decides the same; above 0 the model skips layers
+    at random, which no fixed partition runs: refused, naming the setting."""
+    rates: dict[str, float] = {}
+    for name, m in model.named_modules():
+        rate = getattr(m, "layerdrop", None)
+        if isinstance(rate, float | int):
+            rates[name or type(model).__name__] = float(rate)
+    if not rates:
+        yield
+        return
+    dropping = {name: r for name, r in rates.items() if r > 0}
+    if dropping:
+        name, rate = next(iter(dropping.items()))
+        raise TraceError(
+            f"{type(model).__name__}: {name}.layerdrop is {rate:g}: LayerDrop skips layers at random, which a "
+            "pipeline's fixed stages cannot; build the model with layerdrop=0.0 in its config"
+        )
+    original = torch.rand
+
+    def rand(*size: Any, **kwargs: Any) -> Any:
+        if size in (([],), ((),), ()) and not kwargs:
+            return 1.0  # torch.rand([]) of LayerDrop: never below a rate of 0
+        return original(*size, **kwargs)
+
+    torch.rand = rand
+    try:
+        yield
+    finally:
+        torch.rand = original
+
+
+@contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """torch.export logs the whole graph (a hundred lines) before raising on some failures; the error
+    line we raise says what went wrong and where."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _model_line(exc: BaseException) -> str | None:
+    """``file.py:line (code)`` of the model's own source where ``exc`` was raised: the innermost frame
+    outside torch (a transformers model, or the user's), for a message that names what to change."""
+    skipped = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(os.__file__))
+    frames = [
+        f for f, _ in traceback.walk_tb(exc.__traceback__) if not f.f_code.co_filename.startswith(skipped)
+    ]
+    if not frames:
+        return None
+    frame = frames[-1]
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} ({code})"
 
 
 def _set_dtype(flat: fx.GraphModule, dtype: torch.dtype) -> None:

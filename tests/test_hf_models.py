@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 from pdprof.cli import main as pdprof_main
 from pdrun.partition import partition
 from pdrun.stage import build_stage
-from shared.errors import SpecError
+from shared.errors import SpecError, TraceError
 from shared.resolve import causal_lm, resolve_dataset, resolve_model
 from shared.spec import ExampleInput, TraceOptions
 from shared.tracer import trace
@@ -254,3 +254,72 @@ def test_an_exported_graph_runs_on_the_device_it_is_placed_on() -> None:
         if isinstance(a, torch.device)
     }
     assert devices == {meta}  # there were some (export named the CPU), and every one is the stage's now
+
+
+def _opt(layerdrop: float) -> torch.nn.Module:
+    config = transformers.OPTConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        word_embed_proj_dim=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        layerdrop=layerdrop,
+    )
+    return transformers.OPTForCausalLM(config)
+
+
+def test_a_model_with_layerdrop_at_zero_traces_and_computes_what_it_computes() -> None:
+    """OPT (as BART, Whisper and 40 more) draws torch.rand([]) < layerdrop in training, even at 0, which
+    export refused as data-dependent; at 0 no layer is skipped, and the graph keeps every layer."""
+    torch.manual_seed(0)
+    model = _opt(0.0).train()
+    traced = trace(model, _example(["input_ids", "attention_mask"]))
+    ids = torch.randint(3, 90, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    want = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(traced.module(ids, mask), want, rtol=1e-5, atol=1e-5)
+    assert sum(1 for layer in traced.layers if layer.name.endswith("self_attn_q_proj")) == 2
+    assert torch.rand([]).shape == ()  # torch.rand is itself again
+
+
+def test_a_model_that_drops_layers_at_random_is_refused_in_one_line() -> None:
+    with pytest.raises(
+        TraceError, match=r"layerdrop is 0.1: LayerDrop skips layers at random.*layerdrop=0.0"
+    ):
+        trace(_opt(0.1), _example(["input_ids", "attention_mask"]))
+
+
+def test_cross_entropy_on_token_labels_that_copy_the_inputs_is_refused_despite_padding() -> None:
+    """The zoo's token datasets label padding -100: the labels equal the inputs everywhere else."""
+    res = CliRunner().invoke(
+        pdprof_main,
+        ["--model", "zoo:hf_gpt2", "--data", "zoo:pydoc_tokens", "--batch-size", "4", "--concurrent", "1"],
+    )
+    assert res.exit_code == 2 and "--loss causal_lm" in res.output, res.output
+
+
+def test_token_ids_past_the_vocabulary_are_named_before_the_model_runs() -> None:
+    res = CliRunner().invoke(
+        pdprof_main,
+        [
+            "--model",
+            "zoo:hf_gpt2",
+            "--model-arg",
+            "vocab_size=50",
+            "--data",
+            "zoo:pydoc_tokens",
+            "--loss",
+            "causal_lm",
+            "--batch-size",
+            "4",
+            "--concurrent",
+            "1",
+        ],
+    )
+    assert res.exit_code == 2, res.output
+    assert "input_ids go up to" in res.output and "vocabulary has 50 tokens (config.vocab_size)" in res.output
