@@ -12,7 +12,7 @@ from shared.graph import LayerGraph, load_graph
 from shared.host import send_thread_pays
 from shared.io import display_name, write_output
 from shared.malloc import steady_malloc
-from shared.plan import SCHEDULES, plan_json
+from shared.plan import SCHEDULES, Plan, plan_json
 
 
 def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
@@ -175,7 +175,8 @@ def plan(
     shape = "-".join(str(s.replicas) for s in p.stages)
     speedup = f"{pred.speedup_over_data_parallel:.2f}x" if pred.speedup_over_data_parallel else "n/a"
     say(
-        f"pdplan: {display_name(graph)}: {len(p.stages)} stages ({shape}) on {p.world_size} workers, "
+        f"pdplan: {display_name(graph)}: {len(p.stages)} stage{'s' if len(p.stages) != 1 else ''} "
+        f"(replicas {shape}) on {p.world_size} workers, "
         f"{pred.time_per_minibatch_s * 1000:.3f} ms/minibatch, {speedup} data parallelism; {p.schedule}"
         + (f" M={p.microbatches}" if p.schedule != "1f1b" else "")
         + (f" V={p.virtual_stages}" if p.virtual_stages > 1 else "")
@@ -188,6 +189,28 @@ def plan(
     crowded = profiled_alone(g, workers_per_level[0])
     if crowded:
         say(f"pdplan: note: {display_name(graph)}: {crowded}")
+    unused = interleaving_passed(p, virtual_stages)
+    if unused:
+        say(f"pdplan: note: {unused}")
+
+
+def interleaving_passed(p: Plan, virtual_stages: int | None) -> str | None:
+    """Why ``--schedule auto --virtual-stages V`` wrote a plan of one chunk a worker (None when it did not)."""
+    if p.cluster is None or p.cluster.schedule_search != "auto" or not virtual_stages or virtual_stages < 2:
+        return None
+    if p.virtual_stages > 1:
+        return None
+    tried = [a for a in p.alternatives if a.schedule == "interleaved-1f1b"]
+    why = (
+        f"its best simulated {min(a.simulated_time_per_minibatch_s for a in tried) * 1000:.3f} ms/minibatch"
+        if tried
+        else f"no split into {virtual_stages} chunks a worker came near; a value skipping a chunk or a "
+        "parameter tied across chunks rules a split out"
+    )
+    return (
+        f"--virtual-stages {virtual_stages}: interleaved-1f1b was searched and not chosen ({why}); "
+        f"the plan runs {p.schedule}; --schedule interleaved-1f1b asks for it"
+    )
 
 
 def profiled_alone(g: LayerGraph, per_host: int) -> str | None:

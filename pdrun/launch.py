@@ -36,6 +36,7 @@ from pdrun.result import WorkerResult
 from pdrun.shape import chunk_lengths, effective_plan, pipeline_of, segments
 from pdrun.tied import check_ties, find_ties
 from pdrun.transport import launcher_tag, remove_leftovers
+from shared.cli import say
 from shared.errors import RunError, UserError
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
@@ -87,7 +88,13 @@ def check(
     torch.manual_seed(cfg.seed)
     model = resolve_model(plan.spec.model, plan.spec.model_args)
     resolve_loss(plan.spec.loss)
-    train_set, _ = datasets(plan.spec)
+    train_set, val_set = datasets(plan.spec)
+    if cfg.validate and val_set is None and os.environ.get("RANK", "0") == "0":
+        # An option that does nothing says so: validation needs a dataset callable taking split.
+        say(
+            f"pdrun: note: no validation: {plan.spec.data} takes no split argument (pdrun validates on "
+            "split='val' of a dataset callable that takes one, docs/pdrun.md); --no-val silences this"
+        )
     modules = defining_modules(model, train_set)
     if warm:
         start_forkserver(modules)

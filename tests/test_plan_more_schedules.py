@@ -143,6 +143,11 @@ def test_an_interleaved_split_whose_value_skips_a_chunk_is_refused_before_a_plan
         main, [*args, "--schedule", "auto", "--virtual-stages", "2", "-o", str(tmp_path / "a.json")]
     )
     assert res.exit_code == 0, res.output
+    # Here a schedule of one chunk a worker simulates faster, and pdplan says why --virtual-stages went unused.
+    assert load_plan(tmp_path / "a.json").virtual_stages == 1
+    assert (
+        "--virtual-stages 2: interleaved-1f1b was searched and not chosen (its best simulated" in res.output
+    )
     # A hand-made interleaved plan with the skip: validate names it.
     good = _plan("interleaved-1f1b", virtual=2, workers=2).model_copy(
         update={"graph_hash": g.structure_hash()}

@@ -222,3 +222,27 @@ def test_a_usage_error_is_one_line(tool: str, argv: list[str]) -> None:
     [line] = done.stderr.splitlines()
     assert line.startswith(f"{tool}: error: ") and "Usage:" not in done.stderr
     assert line.endswith("--help)"), line  # where the usage is
+
+
+NO_SPLIT = """
+import torch
+
+
+def data():
+    x = torch.randn(128, 64, generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.TensorDataset(x, x[:, :10].argmax(1))
+"""
+
+
+def test_validation_that_cannot_run_is_said_not_skipped_quietly(tmp_path: Path) -> None:
+    """Validation is on by default, on the dataset's split='val': a dataset callable without split has none."""
+    (tmp_path / "nosplit.py").write_text(NO_SPLIT)
+    spec = RESMLP.model_copy(update={"data": f"{tmp_path / 'nosplit.py'}:data", "data_args": {}})
+    plan = tmp_path / "plan.json"
+    save_plan(cut_plan(spec, [], batch_size=16), plan)
+    res = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "val_accuracy" not in json.loads(res.stdout)
+    assert "pdrun: note: no validation:" in res.stderr and "takes no split argument" in res.stderr
+    quiet = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "2", "-q", "--no-val"])
+    assert quiet.exit_code == 0 and "no validation" not in quiet.stderr
