@@ -15,11 +15,12 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
+from pdrun.metrics import samples_and_seconds
 from shared.io import atomic_write_bytes
 
 
@@ -194,8 +195,9 @@ def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
     timed = df[df["step"] >= warmup_steps]
     if timed.empty:
         raise ValueError(f"{metrics}: no steps after the {warmup_steps} warm-up steps")
-    first = timed[timed["stage"] == 0]
-    samples = round(float((first["samples_per_s"] * first["wall_s"]).sum()))
+    samples, seconds = samples_and_seconds(
+        cast("list[dict[str, Any]]", timed.to_dict("records")), warmup_steps
+    )
     ranks: list[dict[str, float]] = []
     for rank, rows in timed.groupby("rank"):
         row = {"rank": float(str(rank)), "total_s": float(rows["wall_s"].sum())}
@@ -206,8 +208,8 @@ def pdrun_timing(metrics: Path, warmup_steps: int) -> PdrunTiming:
     # Each step's loss, on the rank(s) that compute it (the last stage).
     loss_rows = timed.dropna(subset=["loss"]).groupby("step")["loss"].mean()
     return PdrunTiming(
-        samples=samples,
-        seconds=max(r["total_s"] for r in ranks),
+        samples=round(samples),
+        seconds=seconds,
         steps=steps,
         ranks=ranks,
         losses=[float(v) for v in loss_rows.to_list()],

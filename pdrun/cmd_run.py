@@ -258,10 +258,14 @@ def run(
     summary["resumed_from_step"] = rank0.resumed_from
     if not quiet:
         acc = summary.get("val_accuracy")
-        line = f"pdrun: {summary['steps']} steps of {used.schedule} on {used.world_size} workers"
+        n = summary["steps"]
+        line = f"pdrun: {n} step{'s' if n != 1 else ''} of {used.schedule} on {used.world_size} workers"
         if rank0.resumed_from is not None:
             line += f" (resumed from step {rank0.resumed_from})"  # the steps are this run's, after those
         line += f", final loss {summary['final_loss']}, {summary['samples_per_s'] or 0:.0f} samples/s"
+        skipped = metrics.warmup_steps(summary["steps"])
+        if skipped:
+            line += f" ({summary['steady_samples_per_s'] or 0:.0f} after the first {skipped})"
         console.print(line + (f", val accuracy {acc:.2%}" if acc is not None else ""))
     click.echo(json.dumps(summary, indent=2, default=str))
 

@@ -12,6 +12,7 @@ same time by part:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pdrun.result import WorkerResult
@@ -64,6 +65,38 @@ def save(results: list[WorkerResult], path: str, plan: Plan, options: dict[str, 
     save_table(frame(results), path, RUN_METRICS, meta)
 
 
+def warmup_steps(steps: int) -> int:
+    """The first steps a run's steady rate leaves out: a tenth of them, at least one when there are two
+    or more (the first step pays for what the run's start defers: kernel caches, the allocator's first
+    blocks, the pipeline's fill; on the MNIST CNN it ran ten times the steady step), at most ten."""
+    return 0 if steps < 2 else min(10, max(1, steps // 10))
+
+
+def samples_and_seconds(rows: Iterable[Mapping[str, Any]], first: int) -> tuple[float, float]:
+    """(samples, seconds) of the steps from ``first`` on, from metrics rows (every rank's): the samples
+    the input stage's replicas trained (each row's samples/s times its wall time), and the slowest
+    rank's wall time, which bounds the steps. pdrun's summary and the benchmarks read a run so."""
+    samples, wall = 0.0, dict[int, float]()
+    for row in rows:
+        if row["step"] < first:
+            continue
+        if row["stage"] == 0:
+            samples += row["samples_per_s"] * row["wall_s"]
+        wall[row["rank"]] = wall.get(row["rank"], 0.0) + row["wall_s"]
+    return samples, max(wall.values(), default=0.0)
+
+
+def steady_rate(results: list[WorkerResult]) -> tuple[float | None, int | None]:
+    """(samples/s over the steps after :func:`warmup_steps`, the first step counted); (None, None)
+    without rows."""
+    steps = sorted({row["step"] for r in results for row in r.rows})
+    if not steps:
+        return None, None
+    first = steps[warmup_steps(len(steps))]
+    samples, seconds = samples_and_seconds((row for r in results for row in r.rows), first)
+    return (samples / seconds if seconds > 0 else None), first
+
+
 def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
     """The figures a person wants at the end: steps, losses, throughput, validation.
 
@@ -83,6 +116,7 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
     resumed = next((r.resumed_from for r in results if r.resumed_from is not None), 0)
     steps = max((r.steps for r in results), default=0) - resumed
     units = max((r.units for r in results), default=0) - resumed * units_per_step(plan)
+    steady, steady_from = steady_rate(results)
     out: dict[str, Any] = {
         "schedule": plan.schedule,
         "stages": len(plan.stages),
@@ -92,6 +126,9 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "samples": units * plan.batch_size,
         "final_loss": final,
         "samples_per_s": units * plan.batch_size / wall if wall > 0 else None,
+        # The rate once warm: a short run's first steps would hide it (issue 17).
+        "steady_samples_per_s": steady,
+        "steady_from_step": steady_from,
         "train_s": wall,
         "max_weight_versions": {r.rank: r.max_versions for r in results},
         # What carried each rank's messages and sums (pdrun/transport/choose.py): shm, gloo, or mixed.

@@ -246,3 +246,27 @@ def test_validation_that_cannot_run_is_said_not_skipped_quietly(tmp_path: Path) 
     assert "pdrun: note: no validation:" in res.stderr and "takes no split argument" in res.stderr
     quiet = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "2", "-q", "--no-val"])
     assert quiet.exit_code == 0 and "no validation" not in quiet.stderr
+
+
+def test_the_summary_gives_the_steady_rate_and_the_steps_it_leaves_out(tmp_path: Path) -> None:
+    """Issue 17: a short run's first steps (its start's costs) must not hide its rate."""
+    import pandas as pd
+
+    from bench.measure import pdrun_timing
+
+    plan, metrics = _plan(tmp_path), tmp_path / "m.parquet"
+    res = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "20", "--no-val", "--metrics", str(metrics)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["steady_from_step"] == 2  # a tenth of 20 steps, numbered as the metrics number them
+    assert sorted(pd.read_parquet(metrics)["step"].unique())[2] == 2
+    t = pdrun_timing(metrics, 2)
+    assert summary["steady_samples_per_s"] == pytest.approx(t.samples / t.seconds, rel=1e-9)
+    assert summary["steady_samples_per_s"] > summary["samples_per_s"]  # the first steps were the slow ones
+    assert f"({summary['steady_samples_per_s']:.0f} after the first 2)" in res.stderr
+    one = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "1", "--no-val"])
+    single = json.loads(one.stdout)
+    assert (
+        single["steady_from_step"] == 0 and "after the first" not in one.stderr and "1 step of" in one.stderr
+    )
+    assert single["steady_samples_per_s"] == pytest.approx(single["samples_per_s"], rel=1e-9)
