@@ -50,8 +50,7 @@ from shared.malloc import malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
 from shared.ties import tied_layers
-from shared.tracer import TracedModel, parameter_bytes, trace
-from shared.tracer_export import set_device
+from shared.tracer import TracedModel, parameter_bytes, place, trace
 
 # (phase, done, total): phase is "tracing", "memory", "sizes", "warmup" or "timing".
 Progress = Callable[[str, int, int], None]
@@ -194,9 +193,8 @@ def profile_model(
         config = replace(config, spec=config.spec.model_copy(update={"trace": traced.options}))
         whole = model_call(model, config.spec)
         model.to(device).train()
-        traced.module.to(device).train()
-        if traced.options.frontend == "export":
-            set_device(traced.module, device)
+        place(traced.module, device, traced.options)
+        traced.module.train()
         # The layout pdrun will run in (same model, float32, same device: the same decision).
         channels_last = use_channels_last(config.memory_format, model, device, torch.float32)
         if channels_last:

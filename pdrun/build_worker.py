@@ -34,8 +34,7 @@ from shared.errors import UserError
 from shared.layout import module_to_channels_last, use_channels_last
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
-from shared.tracer import trace
-from shared.tracer_export import set_device
+from shared.tracer import place, trace
 
 
 @dataclass
@@ -117,9 +116,7 @@ def build_worker(
         # The whole model: from here this rank holds only its stage, before its memory is tracked
         # (pdrun/peak.py). An interleaved rank builds its other chunks from it still.
         model.traced = None
-    stage.module.to(device)
-    if plan.spec.trace.frontend == "export":
-        set_device(stage.module, device)
+    place(stage.module, device, plan.spec.trace)
     if model.channels_last:
         module_to_channels_last(stage.module)
     group, tied = None, None

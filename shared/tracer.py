@@ -277,6 +277,16 @@ def is_hugging_face(model: nn.Module) -> bool:
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
+def place(module: nn.Module, device: torch.device, options: TraceOptions) -> None:
+    """Move a traced module (or a stage of it) to ``device``: its tensors, and for the export frontend
+    the devices its graph names (``shared.tracer_export.set_device``). pdprof and pdrun both place so."""
+    module.to(device)
+    if options.frontend == "export":
+        from shared.tracer_export import set_device
+
+        set_device(module, device)
+
+
 def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
     """Trace ``model`` into layers; raises ``TraceError`` naming the construct fx cannot follow.
 

@@ -261,9 +261,9 @@ def set_device(module: nn.Module, device: torch.device) -> None:
 
     Export bakes the device it traced on into the graph (GPT-2's ``aten.arange`` of positions, the
     ``aten.to`` of its mask: ``device=cpu``), where an fx graph reads ``x.device`` as it runs; so a
-    stage moved to a GPU with ``module.to`` would still make those tensors on the CPU. Called
-    beside ``module.to(device)`` wherever a traced model of the export frontend is placed (pdprof's
-    profile, pdrun's stage), as torch's own ``move_to_device_pass`` does for an ExportedProgram.
+    stage moved to a GPU with ``module.to`` would still make those tensors on the CPU. Called by
+    ``shared.tracer.place``, where pdprof places its traced model and pdrun its stage, as torch's own
+    ``move_to_device_pass`` does for an ExportedProgram.
     """
     moved: list[bool] = []
 
