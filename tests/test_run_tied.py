@@ -199,14 +199,20 @@ def test_pdprof_records_ties_and_the_simulation_charges_their_sum() -> None:
     from pdprof.profiler import ProfileConfig, profile_spec
     from shared.plan import Cluster, Level
 
-    graph = profile_spec(ProfileConfig(GPT, batch_size=4, warmup=1, repeats=2)).graph
-    assert graph.graph["ties"] == [["wte", "lm_head"]]
+    measured = profile_spec(ProfileConfig(GPT, batch_size=4, warmup=1, repeats=2)).graph
+    assert measured.graph["ties"] == [["wte", "lm_head"]]
+    # The same figures for every layer, so the margin is the schedule's, not this host's noise
+    # (measured ones put it at 1.19-1.34 on a busy 2-core machine; these at 1.48).
+    fixed = {"forward_ms": 1.0, "backward_ms": 2.0, "update_ms": 0.1}
+    graph = measured.model_copy(
+        update={"nodes": [n if n.op == "input" else n.model_copy(update=fixed) for n in measured.nodes]}
+    )
     untied = graph.model_copy(update={"graph": {**graph.graph, "ties": []}})
     cluster = Cluster(levels=[Level(workers=2, bandwidth=1e9)])
     split = cut_plan(GPT, ["h_1_ln_1"], batch_size=4).model_copy(update={"cluster": cluster})
     assert (
         simulate_plan(graph, split).time_per_minibatch_s
-        > 1.2 * simulate_plan(untied, split).time_per_minibatch_s
+        > 1.4 * simulate_plan(untied, split).time_per_minibatch_s
     )
     one = cut_plan(GPT, [], batch_size=4).model_copy(
         update={"cluster": Cluster(levels=[Level(workers=1, bandwidth=1e9)])}
