@@ -75,6 +75,7 @@ class Settings:
     seed: int = 0
     lr: float = 0.05
     momentum: float = 0.9
+    optimizer: str = "sgd"  # or "adam" (torch's defaults beside lr), as pdrun's --optimizer
     bandwidth: float | None = None  # emulated link between workers, bytes/s (bench.slow_link)
     eval_data_args: dict[str, Any] | None = None  # e.g. {"split": "val"}: evaluate after every epoch
     timeout_s: float = 300.0
@@ -302,12 +303,19 @@ def _train_loop(
     }
 
 
+def make_optimizer(params: list[torch.nn.Parameter], s: Settings) -> torch.optim.Optimizer:
+    """The optimizer pdrun builds for ``--optimizer``, ``--lr`` and ``--momentum`` (pdrun.build_worker)."""
+    if s.optimizer == "adam":
+        return torch.optim.Adam(params, lr=s.lr)
+    return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum)
+
+
 def _run_single(s: Settings, rank: int, world: int) -> dict[str, Any]:
     model = build_model(s)
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     loss_fn = resolve_loss(s.loss)
-    opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum)
+    opt = make_optimizer(list(model.parameters()), s)
     compute = [0.0]
 
     def step(i: int) -> float:
@@ -337,7 +345,7 @@ def _run_ddp(s: Settings, rank: int, world: int) -> dict[str, Any]:
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     loss_fn = resolve_loss(s.loss)
-    opt = torch.optim.SGD(ddp.parameters(), lr=s.lr, momentum=s.momentum)
+    opt = make_optimizer(list(ddp.parameters()), s)
     if s.microbatches % world:
         raise UserError(f"ddp: {s.microbatches} microbatches do not divide among {world} workers")
     share = s.microbatches // world
@@ -447,7 +455,7 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     params = [p for m in modules for p in m.parameters()]
-    opt = torch.optim.SGD(params, lr=s.lr, momentum=s.momentum)
+    opt = make_optimizer(params, s)
     first, last = rank == 0, rank == world - 1  # rank 0 holds stage 0, the last rank stage n - 1
 
     def step(i: int) -> float | None:

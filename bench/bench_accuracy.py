@@ -7,10 +7,14 @@ step, no flush, every update one step late) run the planner's 2-stage plan; DDP 
 the whole model on both workers, 128 samples each per step. So the systems take optimizer
 steps of different sizes (64, 256, 256 and 256 samples): compared at one learning rate, the one
 with four times the steps wins by the steps, not by the pipeline. Each system therefore runs
-at its own best learning rate from the same small sweep (``Config.lrs``, momentum fixed): the
-best rate is the one reaching the target in the fewest epochs (ties: the higher final accuracy;
-accuracy is a property of the arithmetic, so the choice does not depend on how loaded the host
-is). 1F1B-flush and DDP compute what one process computes whatever the split, and 2BW's one-step
+at its own best setting from the same small sweep (``Config.sweep``: SGD with momentum 0.9 at three
+learning rates, Adam at two): the best is the one reaching the target in the fewest epochs (ties: the
+higher final accuracy; accuracy is a property of the arithmetic, so the choice does not depend on how
+loaded the host is). Adam is in the sweep for 2BW's sake: its paper trains with Adam, and a gradient
+one step late under heavy-ball momentum is stable only at a step about ``(1 - momentum) / 2(1 + momentum)``
+of the undelayed one's largest (on a quadratic: the delayed recurrence's roots stay inside the unit circle
+while ``lr * curvature < 1 - momentum``, against ``2 (1 + momentum)`` without the delay), so at momentum 0.9
+2BW's loss falls for three epochs and then climbs back as the model sharpens. 1F1B-flush and DDP compute what one process computes whatever the split, and 2BW's one-step
 delay is the same at every stage (``W(t+1) = W(t) - lr grad f(W(t-1))``, Narayanan et al.,
 ICML'21), so their sweep runs on the fast link and the slow link reruns the chosen rate; asynchronous 1F1B's arithmetic
 depends on the split (which layers run a step stale), and the planner may cut the two links'
@@ -57,13 +61,20 @@ class Config:
     microbatches: int = 4
     epochs: int = 5
     target: float = 0.90
-    lrs: tuple[float, ...] = (0.01, 0.02, 0.05)  # the sweep every system runs on the fast link
+    # The sweep every system runs on the fast link: (optimizer, learning rate); SGD with ``momentum``.
+    sweep: tuple[tuple[str, float], ...] = (
+        ("sgd", 0.01),
+        ("sgd", 0.02),
+        ("sgd", 0.05),
+        ("adam", 0.001),
+        ("adam", 0.002),
+    )
     momentum: float = 0.9
     slow_bandwidth: float = 2e7  # bytes/s of the emulated slow link
     fast_bandwidth: float = 1e9  # what the plan assumes without emulation
 
 
-QUICK = Config(epochs=1, target=0.5, lrs=(0.02, 0.05))
+QUICK = Config(epochs=1, target=0.5, sweep=(("sgd", 0.02), ("adam", 0.002)))
 
 
 @dataclass
@@ -72,6 +83,7 @@ class Curve:
 
     system: str
     link: str
+    optimizer: str
     lr: float
     samples_per_step: int
     points: list[tuple[float, float]]  # (train seconds, val accuracy)
@@ -86,22 +98,30 @@ class Curve:
 
 def best(curves: list[Curve], target: float) -> Curve:
     """The sweep's winner: fewest epochs to ``target`` (never reaching it counts last), then the higher
-    final accuracy, then the smaller learning rate."""
+    final accuracy, then SGD before Adam, then the smaller learning rate."""
 
-    def key(c: Curve) -> tuple[int, float, float]:
+    def key(c: Curve) -> tuple[int, float, bool, float]:
         epochs = c.epochs_to(target)
         final = c.points[-1][1] if c.points else 0.0
-        return (epochs if epochs is not None else len(c.points) + 1, -final, c.lr)
+        return (epochs if epochs is not None else len(c.points) + 1, -final, c.optimizer != "sgd", c.lr)
 
     return min(curves, key=key)
 
 
 def pdrun_curve(
-    plan: Path, schedule: str, cfg: Config, work: Path, link: str, bandwidth: float | None, lr: float
+    plan: Path,
+    schedule: str,
+    cfg: Config,
+    work: Path,
+    link: str,
+    bandwidth: float | None,
+    setting: tuple[str, float],
 ) -> Curve:
-    metrics = work / f"acc-{link}-{schedule}-lr{lr:g}.parquet"
+    optimizer, lr = setting
+    metrics = work / f"acc-{link}-{schedule}-{optimizer}{lr:g}.parquet"
     extra = ["--schedule", schedule, "--microbatches", str(cfg.microbatches), "--lr", f"{lr:g}"]
-    extra += ["--momentum", f"{cfg.momentum:g}", "-q"]
+    extra += ["--momentum", f"{cfg.momentum:g}"] if optimizer == "sgd" else ["--optimizer", optimizer]
+    extra += ["-q"]
     done, summary = toolchain.pdrun(plan, metrics, epochs=cfg.epochs, extra=extra, bandwidth=bandwidth)
     df = pd.read_parquet(metrics)
     # Time in instructions only: validation between epochs is not training time.
@@ -113,10 +133,13 @@ def pdrun_curve(
         t = max(float(rows[rows["step"] <= last_step]["busy_s"].sum()) for _, rows in per_rank)
         points.append((t, float(entry["val_accuracy"])))
     per_step = cfg.batch_size * (1 if schedule == "1f1b" else cfg.microbatches)
-    return Curve(f"pdrun {schedule}", link, lr, per_step, points, done.cmd)
+    return Curve(f"pdrun {schedule}", link, optimizer, lr, per_step, points, done.cmd)
 
 
-def ddp_curve(cfg: Config, link: str, bandwidth: float | None, stage_of: dict[str, int], lr: float) -> Curve:
+def ddp_curve(
+    cfg: Config, link: str, bandwidth: float | None, stage_of: dict[str, int], setting: tuple[str, float]
+) -> Curve:
+    optimizer, lr = setting
     train_samples = len(resolve_dataset(cfg.data, {"split": "train"}))
     steps_per_epoch = max(1, train_samples // cfg.batch_size // cfg.microbatches)
     s = Settings(
@@ -127,23 +150,34 @@ def ddp_curve(cfg: Config, link: str, bandwidth: float | None, stage_of: dict[st
         stage_of=stage_of,
         lr=lr,
         momentum=cfg.momentum,
+        optimizer=optimizer,
         bandwidth=bandwidth,
         warmup=0,
         eval_data_args={"split": "val"},
         steps=steps_per_epoch * cfg.epochs,
     )
     r = run("ddp", s, 2)
-    cmd = f"python -m bench.bench_accuracy  (ddp, lr {lr:g})"
-    return Curve("ddp", link, lr, s.global_batch, [(t, acc) for t, _, acc in r.evals], cmd)
+    cmd = f"python -m bench.bench_accuracy  (ddp, {optimizer} lr {lr:g})"
+    return Curve("ddp", link, optimizer, lr, s.global_batch, [(t, acc) for t, _, acc in r.evals], cmd)
+
+
+def _setting(optimizer: str, lr: float, cfg: Config) -> str:
+    return f"SGD momentum {cfg.momentum:g} lr {lr:g}" if optimizer == "sgd" else f"{optimizer} lr {lr:g}"
 
 
 def run_curve(
-    system: str, plan: Path, cfg: Config, work: Path, link: str, bandwidth: float | None, lr: float
+    system: str,
+    plan: Path,
+    cfg: Config,
+    work: Path,
+    link: str,
+    bandwidth: float | None,
+    setting: tuple[str, float],
 ) -> Curve:
-    """One system's run at ``lr`` on ``link``."""
+    """One system's run with ``setting`` (optimizer, learning rate) on ``link``."""
     if system == "ddp":
-        return ddp_curve(cfg, link, bandwidth, load_plan(plan).stage_of(), lr)
-    return pdrun_curve(plan, system.removeprefix("pdrun "), cfg, work, link, bandwidth, lr)
+        return ddp_curve(cfg, link, bandwidth, load_plan(plan).stage_of(), setting)
+    return pdrun_curve(plan, system.removeprefix("pdrun "), cfg, work, link, bandwidth, setting)
 
 
 def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
@@ -167,12 +201,12 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
         swept = ("fast", "slow") if system == "pdrun 1f1b" else ("fast",)
         try:
             for link in swept:
-                tried = [run_curve(system, plans[link], cfg, work, link, links[link], lr) for lr in cfg.lrs]
+                tried = [run_curve(system, plans[link], cfg, work, link, links[link], st) for st in cfg.sweep]
                 sweep += tried
                 curves.append(best(tried, cfg.target))
             if "slow" not in swept:
-                rate = curves[-1].lr
-                curves.append(run_curve(system, plans["slow"], cfg, work, "slow", cfg.slow_bandwidth, rate))
+                chosen = (curves[-1].optimizer, curves[-1].lr)
+                curves.append(run_curve(system, plans["slow"], cfg, work, "slow", cfg.slow_bandwidth, chosen))
         except Exception as exc:  # reported as failed; the other systems still run
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             why = f"failed: {type(exc).__name__}: {lines[0] if lines else ''}"
@@ -180,11 +214,14 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
                 if not any(c.system == system and c.link == link for c in curves):
                     failed[(system, link)] = why
     report.notes.append(
-        f"{cfg.model} on {cfg.data}, {cfg.epochs} epochs, target validation accuracy {cfg.target:.0%}, SGD "
-        f"momentum {cfg.momentum}. The systems step at different sizes (asynchronous 1F1B every "
+        f"{cfg.model} on {cfg.data}, {cfg.epochs} epochs, target validation accuracy {cfg.target:.0%}. The "
+        f"systems step at different sizes (asynchronous 1F1B every "
         f"{cfg.batch_size} samples, 1F1B-flush, 2BW and DDP every {cfg.batch_size * cfg.microbatches}), so each "
-        f"runs at its own best learning rate from the same sweep ({', '.join(f'{lr:g}' for lr in cfg.lrs)}; "
-        f"best: fewest epochs to the target, then the higher final accuracy). 1F1B-flush and DDP train what "
+        f"runs at its own best setting from the same sweep ({', '.join(_setting(o, lr, cfg) for o, lr in cfg.sweep)}; "
+        f"best: fewest epochs to the target, then the higher final accuracy). Adam is there for 2BW, whose "
+        f"paper trains with it: a gradient applied one step late under momentum {cfg.momentum:g} is stable only "
+        f"below about {(1 - cfg.momentum) / (2 * (1 + cfg.momentum)):.3f} of the undelayed step (on a "
+        f"quadratic), and 2BW's loss at momentum {cfg.momentum:g} climbs back after a few epochs. 1F1B-flush and DDP train what "
         f"one process trains whatever the split, and 2BW's one-step delay is the same at every stage: they "
         f"sweep on the fast link and the slow link reruns their "
         f"rate; asynchronous 1F1B depends on the split, which the two links' plans may place differently: "
@@ -198,6 +235,7 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
             {
                 "system": c.system,
                 "link": c.link,
+                "optimizer": c.optimizer,
                 "lr": c.lr,
                 "samples_per_step": c.samples_per_step,
                 "epochs_to_target": c.epochs_to(cfg.target),
@@ -251,6 +289,7 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
         {
             "system": c.system,
             "link": c.link,
+            "optimizer": c.optimizer,
             "lr": c.lr,
             "samples_per_step": c.samples_per_step,
             "epochs_to_target": c.epochs_to(cfg.target),
@@ -269,6 +308,7 @@ def main(argv: list[str] | None = None) -> tuple[Report, list[Curve]]:
         {
             "system": c.system,
             "link": c.link,
+            "optimizer": c.optimizer,
             "lr": c.lr,
             "epoch": i + 1,
             "train_s": t,

@@ -64,7 +64,11 @@ def accuracy(rows: list[dict[str, Any]], target: float, path: Path) -> str:
             mine = [r for r in rows if r["link"] == link and r["system"] == system]
             pts = [(r["train_s"], r["val_accuracy"]) for r in mine]
             # Each system at its own learning rate (bench.bench_accuracy's sweep): the label says which.
-            label = f"{system}, lr {mine[0]['lr']:g}" if mine and "lr" in mine[0] else system
+            label = (
+                f"{system}, {mine[0].get('optimizer', 'sgd')} lr {mine[0]['lr']:g}"
+                if mine and "lr" in mine[0]
+                else system
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)

@@ -68,6 +68,30 @@ def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
         )
 
 
+# Heavy-ball momentum at or above which a 2bw run is told about its delay: there the stable step is
+# under a sixth of the undelayed one's (two_bw_momentum_note).
+TWO_BW_MOMENTUM = 0.5
+
+
+def two_bw_momentum_note(plan: Plan, cfg: RunConfig) -> str | None:
+    """A note for 2BW under SGD with high momentum, whose one-step-late gradient makes it unstable.
+
+    On a quadratic of curvature h, heavy-ball SGD with momentum m and its gradient one step late
+    (``W(t+1) = W(t) - lr grad f(W(t-1))``, Narayanan et al., ICML'21) has the characteristic
+    polynomial z^2 - (1 + m) z + (m + lr h): stable while lr h < 1 - m. Without the delay the
+    bound is lr h < 2 (1 + m). The ratio of the two is what the note states.
+    """
+    if plan.schedule != "2bw" or cfg.optimizer != "sgd" or cfg.momentum < TWO_BW_MOMENTUM:
+        return None
+    share = (1 - cfg.momentum) / (2 * (1 + cfg.momentum))
+    return (
+        f"pdrun: note: 2bw applies every gradient one step late; under --momentum {cfg.momentum:g} that "
+        f"is stable only below about {share:.1%} of the learning rate training without the delay takes "
+        "(docs/pdrun.md, 2bw). PipeDream-2BW trains with --optimizer adam; lower momentum or "
+        "--lr-schedule cosine also keep it stable"
+    )
+
+
 def check(
     plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan", warm: bool = False
 ) -> tuple[str, ...]:
@@ -95,6 +119,8 @@ def check(
             f"pdrun: note: no validation: {plan.spec.data} takes no split argument (pdrun validates on "
             "split='val' of a dataset callable that takes one, docs/pdrun.md); --no-val silences this"
         )
+    if os.environ.get("RANK", "0") == "0" and (note := two_bw_momentum_note(plan, cfg)):
+        say(note)
     modules = defining_modules(model, train_set)
     if warm:
         start_forkserver(modules)

@@ -8,14 +8,23 @@ from typing import Any
 
 import torch
 
-from bench.baselines import Settings, UnitOrder, batch_at, build_model, even_split, load_tensors, run
+from bench.baselines import (
+    Settings,
+    UnitOrder,
+    batch_at,
+    build_model,
+    even_split,
+    load_tensors,
+    make_optimizer,
+    run,
+)
 from shared.resolve import resolve_loss
 
 
 def _sequential_losses(s: Settings) -> list[float]:
-    """The same steps in this process: microbatch losses averaged, SGD with the same settings."""
+    """The same steps in this process: microbatch losses averaged, the same optimizer and settings."""
     model = build_model(s)
-    opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum)
+    opt = make_optimizer(list(model.parameters()), s)
     loss_fn = resolve_loss(s.loss)
     x, y = load_tensors(s.data, s.data_args)
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
@@ -66,6 +75,17 @@ def _cut_at(s: Settings, firsts: list[str], **kw: Any) -> Settings:
     cuts = [names.index(f) for f in firsts]
     stage_of = {n: sum(i >= c for c in cuts) for i, n in enumerate(names)}
     return Settings(**{**s.__dict__, "stage_of": stage_of, **kw})
+
+
+def test_baselines_train_with_the_optimizer_they_are_given() -> None:
+    # bench_accuracy's sweep runs the baselines with Adam beside SGD. One process equals this test's own
+    # loop with Adam; DDP (rank 0 reports the loss of its half of the step) starts where SGD does, and
+    # the two part after the first update.
+    adam = _two_stages(steps=3, optimizer="adam", lr=0.002)
+    torch.testing.assert_close(run("single", adam).losses, _sequential_losses(adam), rtol=1e-5, atol=1e-6)
+    sgd = Settings(**{**adam.__dict__, "optimizer": "sgd"})
+    with_adam, with_sgd = run("ddp", adam).losses, run("ddp", sgd).losses
+    assert with_adam[0] == with_sgd[0] and abs(with_adam[-1] - with_sgd[-1]) > 1e-3
 
 
 def test_pipelining_multi_stage_schedules_run_and_match_sequential() -> None:
@@ -194,7 +214,7 @@ def test_time_to_accuracy_keeps_each_systems_best_rate_from_the_sweep() -> None:
     from bench.bench_accuracy import Curve, best
 
     def curve(lr: float, accs: list[float]) -> Curve:
-        return Curve("ddp", "fast", lr, 256, [(float(i + 1), a) for i, a in enumerate(accs)], "")
+        return Curve("ddp", "fast", "sgd", lr, 256, [(float(i + 1), a) for i, a in enumerate(accs)], "")
 
     never, late, early, early_better = (
         curve(0.1, [0.2, 0.3, 0.4]),

@@ -81,3 +81,41 @@ def test_2bw_with_momentum_follows_its_update_rule() -> None:
     assert_same(pipeline_params(results), want, 1e-6)
     plain, _ = two_bw_by_hand(steps, batch, 2, seed, lr)
     assert max((plain[k] - want[k]).abs().max().item() for k in want) > 1e-3  # momentum is there
+
+
+def _delayed_heavy_ball(lr_h: float, momentum: float, delay: int, steps: int = 4000) -> float:
+    """|x| after ``steps`` of heavy-ball SGD on f(x) = h x^2 / 2 (torch's rule), its gradient ``delay`` steps late."""
+    xs, v = [1.0] * (delay + 1), 0.0
+    for _ in range(steps):
+        v = momentum * v + lr_h * xs[-1 - delay]
+        xs.append(xs[-1] - v)
+    return abs(xs[-1])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+def test_the_notes_stability_bound_is_the_delayed_recurrences(momentum: float) -> None:
+    # pdrun.launch.two_bw_momentum_note's figure: one step late, stable while lr h < 1 - m; on time, 2 (1 + m).
+    late, on_time = 1 - momentum, 2 * (1 + momentum)
+    for bound, delay in ((late, 1), (on_time, 0)):
+        assert _delayed_heavy_ball(0.97 * bound, momentum, delay) < 1e-2
+        assert not _delayed_heavy_ball(1.03 * bound, momentum, delay) < 1  # grown, or overflowed to NaN
+
+
+def test_pdrun_notes_2bw_under_high_momentum_before_training(capsys: pytest.CaptureFixture[str]) -> None:
+    from pdrun.launch import check
+
+    plan = cut_plan(RESMLP, [5], batch_size=8, schedule="2bw", microbatches=2)
+    check(plan, RunConfig(steps=1, lr=0.01, momentum=0.9, validate=False), 2)
+    assert (
+        "pdrun: note: 2bw applies every gradient one step late; under --momentum 0.9 that is stable only "
+        "below about 2.6% of" in capsys.readouterr().err
+    )
+    for quiet in (
+        RunConfig(steps=1, momentum=0.9, optimizer="adam", validate=False),
+        RunConfig(steps=1, momentum=0.3, validate=False),
+    ):
+        check(plan, quiet, 2)
+        assert "2bw applies" not in capsys.readouterr().err
+    flush = cut_plan(RESMLP, [5], batch_size=8, schedule="1f1b-flush", microbatches=2)
+    check(flush, RunConfig(steps=1, momentum=0.9, validate=False), 2)
+    assert "2bw applies" not in capsys.readouterr().err
