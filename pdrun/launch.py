@@ -92,6 +92,19 @@ def two_bw_momentum_note(plan: Plan, cfg: RunConfig) -> str | None:
     )
 
 
+def cluster_note(plan: Plan, source: str) -> str | None:
+    """A note for a plan whose recorded cluster has another number of workers than it has ranks (a plan
+    edited by hand): pdrun runs its ranks, but its predictions are for that cluster."""
+    if plan.cluster is None or plan.cluster.workers == plan.world_size:
+        return None
+    levels = " x ".join(str(level.workers) for level in plan.cluster.levels)
+    return (
+        f"pdrun: note: {source}: cluster.levels: {levels} = {plan.cluster.workers} workers but world_size is "
+        f"{plan.world_size}; this run has {plan.world_size} ranks and the plan's predictions are for the "
+        "cluster (`pdplan validate` refuses such a plan; re-plan, or remove cluster)"
+    )
+
+
 def check(
     plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan", warm: bool = False
 ) -> tuple[str, ...]:
@@ -119,8 +132,10 @@ def check(
             f"pdrun: note: no validation: {plan.spec.data} takes no split argument (pdrun validates on "
             "split='val' of a dataset callable that takes one, docs/pdrun.md); --no-val silences this"
         )
-    if os.environ.get("RANK", "0") == "0" and (note := two_bw_momentum_note(plan, cfg)):
-        say(note)
+    if os.environ.get("RANK", "0") == "0":
+        for note in (two_bw_momentum_note(plan, cfg), cluster_note(plan, source)):
+            if note:
+                say(note)
     modules = defining_modules(model, train_set)
     if warm:
         start_forkserver(modules)

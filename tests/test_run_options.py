@@ -270,3 +270,26 @@ def test_the_summary_gives_the_steady_rate_and_the_steps_it_leaves_out(tmp_path:
         single["steady_from_step"] == 0 and "after the first" not in one.stderr and "1 step of" in one.stderr
     )
     assert single["steady_samples_per_s"] == pytest.approx(single["samples_per_s"], rel=1e-9)
+
+
+def test_a_plan_whose_cluster_is_not_its_ranks_runs_and_says_so(tmp_path: Path) -> None:
+    # A hand-edited plan: its cluster still says 4 workers, its stages 2 ranks. pdrun runs the ranks
+    # (pdplan validate refuses the plan) and says before training that the predictions are the cluster's.
+    from shared.plan import Cluster, Level
+
+    plan = cut_plan(RESMLP, [5], batch_size=8).model_copy(
+        update={"cluster": Cluster(levels=[Level(workers=2, bandwidth=1e9), Level(workers=2, bandwidth=1e8)])}
+    )
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    res = CliRunner().invoke(pdrun_main, [str(path), "--steps", "2", "--no-val", "-q"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["steps"] == 2
+    assert res.stderr.startswith("pdrun: note: "), res.stderr
+    assert (
+        "plan.json: cluster.levels: 2 x 2 = 4 workers but world_size is 2; this run has 2 ranks"
+        in res.stderr
+    ), res.stderr
+    save_plan(plan.model_copy(update={"cluster": None}), path)
+    quiet = CliRunner().invoke(pdrun_main, [str(path), "--steps", "1", "--no-val", "-q"])
+    assert quiet.exit_code == 0 and "cluster.levels" not in quiet.stderr
