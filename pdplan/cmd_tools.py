@@ -13,15 +13,9 @@ from shared.plan import Plan, check_against_graph, load_plan, plan_schema
 
 def check_cluster(p: Plan, source: str) -> None:
     """The cluster a plan records must have as many workers as the plan has ranks."""
-    if p.cluster is None:
-        return
-    total = p.cluster.workers
-    if total != p.world_size:
-        levels = " x ".join(str(level.workers) for level in p.cluster.levels)
-        raise PlanError(
-            f"{source}: cluster.levels: {levels} = {total} workers but world_size is {p.world_size}; "
-            "make them agree (or remove cluster to skip this check)"
-        )
+    mismatch = p.cluster_mismatch()
+    if mismatch is not None:
+        raise PlanError(f"{source}: {mismatch}; make them agree (or remove cluster to skip this check)")
 
 
 @click.command("schema")

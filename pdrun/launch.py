@@ -29,6 +29,7 @@ from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.failures import first_failure, signal_name
 from pdrun.interleaved import check_chunked
+from pdrun.notes import cluster_note, two_bw_momentum_note
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.preload import defining_modules, preload_forkserver, start_forkserver
@@ -68,43 +69,6 @@ def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
         )
 
 
-# Heavy-ball momentum at or above which a 2bw run is told about its delay: there the stable step is
-# under a sixth of the undelayed one's (two_bw_momentum_note).
-TWO_BW_MOMENTUM = 0.5
-
-
-def two_bw_momentum_note(plan: Plan, cfg: RunConfig) -> str | None:
-    """A note for 2BW under SGD with high momentum, whose one-step-late gradient makes it unstable.
-
-    On a quadratic of curvature h, heavy-ball SGD with momentum m and its gradient one step late
-    (``W(t+1) = W(t) - lr grad f(W(t-1))``, Narayanan et al., ICML'21) has the characteristic
-    polynomial z^2 - (1 + m) z + (m + lr h): stable while lr h < 1 - m. Without the delay the
-    bound is lr h < 2 (1 + m). The ratio of the two is what the note states.
-    """
-    if plan.schedule != "2bw" or cfg.optimizer != "sgd" or cfg.momentum < TWO_BW_MOMENTUM:
-        return None
-    share = (1 - cfg.momentum) / (2 * (1 + cfg.momentum))
-    return (
-        f"pdrun: note: 2bw applies every gradient one step late; under --momentum {cfg.momentum:g} that "
-        f"is stable only below about {share:.1%} of the learning rate training without the delay takes "
-        "(docs/pdrun.md, 2bw). PipeDream-2BW trains with --optimizer adam; lower momentum or "
-        "--lr-schedule cosine also keep it stable"
-    )
-
-
-def cluster_note(plan: Plan, source: str) -> str | None:
-    """A note for a plan whose recorded cluster has another number of workers than it has ranks (a plan
-    edited by hand): pdrun runs its ranks, but its predictions are for that cluster."""
-    if plan.cluster is None or plan.cluster.workers == plan.world_size:
-        return None
-    levels = " x ".join(str(level.workers) for level in plan.cluster.levels)
-    return (
-        f"pdrun: note: {source}: cluster.levels: {levels} = {plan.cluster.workers} workers but world_size is "
-        f"{plan.world_size}; this run has {plan.world_size} ranks and the plan's predictions are for the "
-        "cluster (`pdplan validate` refuses such a plan; re-plan, or remove cluster)"
-    )
-
-
 def check(
     plan: Plan, cfg: RunConfig, world_size: int, source: str = "plan", warm: bool = False
 ) -> tuple[str, ...]:
@@ -133,7 +97,7 @@ def check(
             "split='val' of a dataset callable that takes one, docs/pdrun.md); --no-val silences this"
         )
     if os.environ.get("RANK", "0") == "0":
-        for note in (two_bw_momentum_note(plan, cfg), cluster_note(plan, source)):
+        for note in (two_bw_momentum_note(plan, cfg), cluster_note(plan, source)):  # pdrun.notes
             if note:
                 say(note)
     modules = defining_modules(model, train_set)

@@ -252,6 +252,17 @@ class Plan(Strict):
         per = len(self.stages) // self.virtual_stages
         return self.virtual_stages > 1 and len(self.stages) % self.virtual_stages == 0 and a % per == b % per
 
+    def cluster_mismatch(self) -> str | None:
+        """``cluster.levels: 2 x 2 = 4 workers but world_size is 8`` when the recorded cluster has another
+        number of workers than the plan has ranks (a plan edited by hand); None when they agree or no
+        cluster is recorded. ``pdplan validate`` refuses such a plan, pdrun runs it with a note."""
+        if self.cluster is None or self.cluster.workers == self.world_size:
+            return None
+        levels = " x ".join(str(level.workers) for level in self.cluster.levels)
+        return (
+            f"cluster.levels: {levels} = {self.cluster.workers} workers but world_size is {self.world_size}"
+        )
+
     def stage_of(self) -> dict[str, int]:
         """Layer name -> stage index."""
         return {layer: s for s, stage in enumerate(self.stages) for layer in stage.layers}

@@ -287,8 +287,7 @@ def test_a_plan_whose_cluster_is_not_its_ranks_runs_and_says_so(tmp_path: Path) 
     assert json.loads(res.stdout)["steps"] == 2
     assert res.stderr.startswith("pdrun: note: "), res.stderr
     assert (
-        "plan.json: cluster.levels: 2 x 2 = 4 workers but world_size is 2; this run has 2 ranks"
-        in res.stderr
+        "plan.json: cluster.levels: 2 x 2 = 4 workers but world_size is 2; this run has 2 ranks" in res.stderr
     ), res.stderr
     save_plan(plan.model_copy(update={"cluster": None}), path)
     quiet = CliRunner().invoke(pdrun_main, [str(path), "--steps", "1", "--no-val", "-q"])
