@@ -46,6 +46,7 @@ import pandas as pd
 from bench import toolchain
 from bench.baselines import Settings, run
 from bench.measure import Figure, Report, work_args
+from pdrun.notes import delayed_stable_share
 from shared.plan import load_plan
 from shared.resolve import resolve_dataset
 
@@ -220,7 +221,7 @@ def bench(work: Path, cfg: Config) -> tuple[Report, list[Curve], list[Curve]]:
         f"runs at its own best setting from the same sweep ({', '.join(_setting(o, lr, cfg) for o, lr in cfg.sweep)}; "
         f"best: fewest epochs to the target, then the higher final accuracy). Adam is there for 2BW, whose "
         f"paper trains with it: a gradient applied one step late under momentum {cfg.momentum:g} is stable only "
-        f"below about {(1 - cfg.momentum) / (2 * (1 + cfg.momentum)):.3f} of the undelayed step (on a "
+        f"below about {delayed_stable_share(cfg.momentum):.3f} of the undelayed step (on a "
         f"quadratic), and 2BW's loss at momentum {cfg.momentum:g} climbs back after a few epochs. 1F1B-flush and DDP train what "
         f"one process trains whatever the split, and 2BW's one-step delay is the same at every stage: they "
         f"sweep on the fast link and the slow link reruns their "

@@ -29,7 +29,7 @@ from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.failures import first_failure, signal_name
 from pdrun.interleaved import check_chunked
-from pdrun.notes import cluster_note, two_bw_momentum_note
+from pdrun.notes import cluster_note, two_bw_momentum_note, validation_note
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.preload import defining_modules, preload_forkserver, start_forkserver
@@ -90,14 +90,13 @@ def check(
     model = resolve_model(plan.spec.model, plan.spec.model_args)
     resolve_loss(plan.spec.loss)
     train_set, val_set = datasets(plan.spec)
-    if cfg.validate and val_set is None and os.environ.get("RANK", "0") == "0":
-        # An option that does nothing says so: validation needs a dataset callable taking split.
-        say(
-            f"pdrun: note: no validation: {plan.spec.data} takes no split argument (pdrun validates on "
-            "split='val' of a dataset callable that takes one, docs/pdrun.md); --no-val silences this"
-        )
     if os.environ.get("RANK", "0") == "0":
-        for note in (two_bw_momentum_note(plan, cfg), cluster_note(plan, source)):  # pdrun.notes
+        notes = (
+            validation_note(plan, cfg, val_set is not None),
+            two_bw_momentum_note(plan, cfg),
+            cluster_note(plan, source),
+        )
+        for note in notes:
             if note:
                 say(note)
     modules = defining_modules(model, train_set)

@@ -14,22 +14,38 @@ from shared.plan import Plan
 TWO_BW_MOMENTUM = 0.5
 
 
-def two_bw_momentum_note(plan: Plan, cfg: RunConfig) -> str | None:
-    """A note for 2BW under SGD with high momentum, whose one-step-late gradient makes it unstable.
+def delayed_stable_share(momentum: float) -> float:
+    """The largest stable step of heavy-ball SGD with its gradient one step late, over the undelayed one's.
 
     On a quadratic of curvature h, heavy-ball SGD with momentum m and its gradient one step late
     (``W(t+1) = W(t) - lr grad f(W(t-1))``, Narayanan et al., ICML'21) has the characteristic
     polynomial z^2 - (1 + m) z + (m + lr h): stable while lr h < 1 - m. Without the delay the
-    bound is lr h < 2 (1 + m). The ratio of the two is what the note states.
+    bound is lr h < 2 (1 + m).
     """
+    return (1 - momentum) / (2 * (1 + momentum))
+
+
+def two_bw_momentum_note(plan: Plan, cfg: RunConfig) -> str | None:
+    """A note for 2BW under SGD with high momentum, whose one-step-late gradient makes it unstable
+    (:func:`delayed_stable_share`)."""
     if plan.schedule != "2bw" or cfg.optimizer != "sgd" or cfg.momentum < TWO_BW_MOMENTUM:
         return None
-    share = (1 - cfg.momentum) / (2 * (1 + cfg.momentum))
+    share = delayed_stable_share(cfg.momentum)
     return (
         f"pdrun: note: 2bw applies every gradient one step late; under --momentum {cfg.momentum:g} that "
         f"is stable only below about {share:.1%} of the learning rate training without the delay takes "
         "(docs/pdrun.md, 2bw). PipeDream-2BW trains with --optimizer adam; lower momentum or "
         "--lr-schedule cosine also keep it stable"
+    )
+
+
+def validation_note(plan: Plan, cfg: RunConfig, has_val: bool) -> str | None:
+    """A note for a run asked to validate whose dataset takes no ``split``: validation does nothing."""
+    if not cfg.validate or has_val:
+        return None
+    return (
+        f"pdrun: note: no validation: {plan.spec.data} takes no split argument (pdrun validates on "
+        "split='val' of a dataset callable that takes one, docs/pdrun.md); --no-val silences this"
     )
 
 

@@ -94,7 +94,7 @@ def _delayed_heavy_ball(lr_h: float, momentum: float, delay: int, steps: int = 4
 
 @pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
 def test_the_notes_stability_bound_is_the_delayed_recurrences(momentum: float) -> None:
-    # pdrun.notes.two_bw_momentum_note's figure: one step late, stable while lr h < 1 - m; on time, 2 (1 + m).
+    # pdrun.notes.delayed_stable_share's bound: one step late, stable while lr h < 1 - m; on time, 2 (1 + m).
     late, on_time = 1 - momentum, 2 * (1 + momentum)
     for bound, delay in ((late, 1), (on_time, 0)):
         assert _delayed_heavy_ball(0.97 * bound, momentum, delay) < 1e-2
