@@ -3,7 +3,8 @@
 Runs, in order: pdrun against the alternatives (``bench.bench_runtime``), the planner's
 prediction against pdrun's measurement (``bench.bench_predict``), the memory model against
 pdrun's measured peaks (``bench.bench_memory``), time to accuracy
-(``bench.bench_accuracy``), start-up against the run's length (``bench.bench_startup``), and
+(``bench.bench_accuracy``), start-up against the run's length (``bench.bench_startup``), the
+command lines' own start-up (``bench.bench_cli``), and
 the planner's and profiler's own benchmarks (``bench.bench_planner``, ``bench.bench_profiler``)
 when they are present. A benchmark that fails is reported in RESULTS.md with its error; the
 others still run. Artifacts (graphs, plans, run metrics) go to ``bench/out/``.
@@ -309,17 +310,27 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="*",
         default=None,
-        help="run only these: runtime predict memory accuracy startup planner planner_auto profiler",
+        help="run only these: runtime predict memory accuracy startup cli planner planner_auto profiler",
     )
     args = parser.parse_args(argv)
-    from bench import bench_accuracy, bench_memory, bench_predict, bench_runtime, bench_startup
+    from bench import bench_accuracy, bench_cli, bench_memory, bench_predict, bench_runtime, bench_startup
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     PLOTS.mkdir(parents=True, exist_ok=True)
     wanted = set(
         args.only
-        or ["runtime", "predict", "memory", "accuracy", "startup", "planner", "planner_auto", "profiler"]
+        or [
+            "runtime",
+            "predict",
+            "memory",
+            "accuracy",
+            "startup",
+            "cli",
+            "planner",
+            "planner_auto",
+            "profiler",
+        ]
     )
     quick = ["--quick"] if args.quick else []
     t0 = time.perf_counter()
@@ -354,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     if "startup" in wanted:
         reports["startup"] = _run_internal(
             "bench_startup", lambda: bench_startup.main(["--work", str(work), *quick]), log
+        )
+    if "cli" in wanted:
+        reports["cli"] = _run_internal(
+            "bench_cli", lambda: bench_cli.main(["--work", str(work), *quick]), log
         )
     external: dict[str, dict[str, Any] | None] = {}
     for name, cmd in EXTERNAL.items():
