@@ -6,7 +6,9 @@ it (``bench.measure.band_factor``), over its value. A figure reproduces when its
 the larger of the two runs' stated noises of its previous value: ``|now - previous| <= max(noise_now, noise_previous) x |previous|``.
 A figure without a stated noise on either side (one measurement, nothing to say how much it
 moves) is listed but not judged. ``make bench`` keeps each run's figures in
-``bench/results/figures.json`` and writes this comparison into RESULTS.md against the run before.
+``bench/results/figures.json``, with the host that timed them (``bench.host``), and writes this
+comparison into RESULTS.md against the run before; when the two hosts differ it says so first,
+since a figure with a CPU's time in it moves with the machine.
 
     python -m bench.reproduce OLD.json NEW.json    # two runs' figures.json, the table on stdout
 """
@@ -36,18 +38,46 @@ def figure_records(figures: list[Figure]) -> list[dict[str, Any]]:
     ]
 
 
-def save(figures: list[Figure], path: Path) -> None:
-    text = json.dumps(figure_records(figures), indent=1) + "\n"
+def save(figures: list[Figure], path: Path, host: str) -> None:
+    text = json.dumps({"host": host, "figures": figure_records(figures)}, indent=1) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def load(path: Path) -> list[dict[str, Any]] | None:
-    """A run's figures, or None when there is none (the first run) or it cannot be read."""
+def _read(path: Path) -> Any:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def load(path: Path) -> list[dict[str, Any]] | None:
+    """A run's figures, or None when there is none (the first run) or it cannot be read.
+
+    Runs before 2026-12-05 wrote the list of figures alone; later ones ``{"host", "figures"}``.
+    """
+    data = _read(path)
+    if isinstance(data, dict):
+        data = data.get("figures")
     return data if isinstance(data, list) else None
+
+
+def load_host(path: Path) -> str | None:
+    """The host a run's figures were timed on (``bench.host.describe``), None where it did not say."""
+    data = _read(path)
+    host = data.get("host") if isinstance(data, dict) else None
+    return host if isinstance(host, str) else None
+
+
+def host_line(previous: str | None, now: str) -> str | None:
+    """A warning before the comparison when the two runs' hosts differ or the previous one is unknown."""
+    if previous == now:
+        return None
+    before = "an unrecorded host" if previous is None else previous
+    return (
+        f"**The previous run was timed on {before}, this one on {now}.** A figure with a CPU's time in it "
+        "(a prediction against a run, a command's start-up, a memory peak) moves with the machine: "
+        "it need not reproduce across hosts, only on the same one."
+    )
 
 
 def reproduced(previous: dict[str, Any], now: dict[str, Any]) -> bool | None:

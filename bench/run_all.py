@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import plots, reproduce
+from bench import host, plots, reproduce
 from bench.measure import Figure, Report, judged
 from shared.cli import console
 from shared.io import atomic_write_bytes
@@ -231,14 +231,16 @@ def write_results(
     seconds: float,
     load: tuple[float, float],
     previous: list[dict[str, Any]] | None = None,
+    previous_host: str | None = None,
 ) -> str:
     done = _with_figures(reports, external)
+    machine = host.describe()
     lines = [
         "# Benchmarks",
         "",
         f"Written by `make bench` (`python -m bench.run_all{' --quick' if quick else ''}`) on "
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds / 60:.1f} minutes: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {_torch_version()}. Every figure "
+        f"{machine}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {_torch_version()}. Every figure "
         "is a ratio or a value measured side by side in this one run; the command after each reproduces it. "
         "How each is measured, and how the slow link is emulated: docs/benchmarks.md.",
         "",
@@ -272,6 +274,7 @@ def write_results(
             "Each figure this run shares with the one before it (`bench/results/figures.json` as it was), "
             "and whether it landed within the larger of the two runs' stated noises.",
             "",
+            *([warning, ""] if (warning := reproduce.host_line(previous_host, machine)) else []),
             *reproduce.markdown(reproduce.compare(previous, reproduce.figure_records(figures))),
             "",
         ]
@@ -388,11 +391,18 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - t0
     load = (load_start, os.getloadavg()[0])
     previous = None if args.quick else reproduce.load(FIGURES_JSON)
-    text = write_results(reports, external, log, plot_files, args.quick, seconds, load, previous)
+    previous_host = reproduce.load_host(FIGURES_JSON)
+    text = write_results(
+        reports, external, log, plot_files, args.quick, seconds, load, previous, previous_host
+    )
     atomic_write_bytes(RESULTS_MD, text.encode("utf-8"))
     # A --quick run's figures are not the figures: the next full run compares with the last full one.
     if not args.quick:
-        reproduce.save([f for rep in _with_figures(reports, external) for f in rep.figures], FIGURES_JSON)
+        reproduce.save(
+            [f for rep in _with_figures(reports, external) for f in rep.figures],
+            FIGURES_JSON,
+            host.describe(),
+        )
     console.print(
         f"bench: {seconds / 60:.1f} minutes; results in {os.path.relpath(RESULTS_MD)}, "
         f"plots in {os.path.relpath(PLOTS)}/"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
 
 import pytest
 
-from bench import reproduce
+from bench import host, reproduce
 from bench.measure import Figure, Report, band_factor, spread
 from bench.run_all import write_results
 
@@ -64,7 +65,7 @@ def test_compare_pairs_figures_by_name_and_the_table_counts_them(tmp_path: Path)
         Figure("plain", 3.0, "", "c"),  # new in this run: not compared
     ]
     path = tmp_path / "figures.json"
-    reproduce.save(before, path)
+    reproduce.save(before, path, "this host")
     previous = reproduce.load(path)
     assert previous is not None
     rows = reproduce.compare(previous, reproduce.figure_records(after))
@@ -90,3 +91,40 @@ def test_results_md_states_each_figures_noise_and_the_comparison_with_the_previo
     assert "| pdrun / torch | 1.5 | 1.4 | -6.7% | ±3.0% | **no** |" in text
     first = write_results({"runtime": rep}, {}, [], {}, False, 60.0, (0.5, 0.5), None)
     assert "Against the previous make bench" not in first
+    assert f"{host.describe()}, " in first.splitlines()[2]  # the header names the host
+    assert "**The previous run was timed on an unrecorded host" in text  # a figures.json without one
+    same = write_results({"runtime": rep}, {}, [], {}, False, 60.0, (0.5, 0.5), previous, host.describe())
+    assert "**The previous run was timed on" not in same
+    other = write_results({"runtime": rep}, {}, [], {}, False, 60.0, (0.5, 0.5), previous, "Elsewhere")
+    assert "**The previous run was timed on Elsewhere, this one on " in other
+
+
+def test_figures_json_names_its_host_and_a_change_of_host_is_said_first(tmp_path: Path) -> None:
+    before = [Figure("ratio a", 1.5, "x", "c", noise=0.02)]
+    path = tmp_path / "figures.json"
+    reproduce.save(before, path, "Xeon A (AVX-512, AVX2)")
+    assert reproduce.load_host(path) == "Xeon A (AVX-512, AVX2)"
+    assert [r["name"] for r in reproduce.load(path) or []] == ["ratio a"]
+    assert reproduce.host_line("Xeon A (AVX-512, AVX2)", "Xeon A (AVX-512, AVX2)") is None
+    moved = reproduce.host_line("Xeon A (AVX-512, AVX2)", "Xeon B (AMX, AVX-512, AVX2)")
+    assert moved is not None and "Xeon A (AVX-512, AVX2)" in moved and "Xeon B (AMX, AVX-512, AVX2)" in moved
+
+
+def test_a_figures_json_from_before_the_host_was_recorded_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "figures.json"
+    old = [{"name": "ratio a", "value": 1.5, "unit": "x", "noise": 0.02}]
+    path.write_text(json.dumps(old), encoding="utf-8")
+    assert reproduce.load(path) == old
+    assert reproduce.load_host(path) is None
+    line = reproduce.host_line(None, "Xeon B")
+    assert line is not None and "an unrecorded host" in line
+
+
+def test_the_host_is_the_first_processor_s_model_and_its_vector_units() -> None:
+    info = (
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx2 avx512f amx_tile\n\n"
+        "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu\n"
+    )
+    assert host.describe(info) == "Intel(R) Xeon(R) Processor (AMX, AVX-512, AVX2)"
+    assert host.describe("model name\t: Old CPU\nflags\t: fpu sse2 avx2\n") == "Old CPU (AVX2)"
+    assert host.describe("model name\t: Plain\nflags\t: fpu\n") == "Plain"
