@@ -143,10 +143,11 @@ def run_auto(profile: str, workers: tuple[int, ...], bandwidths: tuple[float, ..
     """The paper-cost plan's simulated time beside the auto plan's, for one profile and cluster."""
     graph = load(profile)
     paper = with_simulation(make_plan(graph, PlanConfig(workers=workers, bandwidths=bandwidths)), graph)
+    config = PlanConfig(workers=workers, bandwidths=bandwidths, schedule="auto")
     t0 = time.perf_counter()
-    auto = make_plan(graph, PlanConfig(workers=workers, bandwidths=bandwidths, schedule="auto"))
+    auto = make_plan(graph, config)
     search_s = time.perf_counter() - t0
-    every = exhaustive.best(graph, PlanConfig(workers=workers, bandwidths=bandwidths, schedule="auto"))
+    every = exhaustive.best(graph, config)
     assert paper.predicted is not None and auto.predicted is not None
     p = paper.predicted.simulated_time_per_minibatch_s
     a = auto.predicted.simulated_time_per_minibatch_s

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from pdplan.auto import compositions, search
+from pdplan.auto import compositions, consecutive_ranks, search
 from pdplan.build import Partition, PlanConfig
 from pdplan.problem import Problem, prepare_layers
 from shared.graph import LayerGraph
@@ -40,10 +40,10 @@ def partitions(problem: Problem, workers: int) -> list[Partition]:
         for cuts in itertools.combinations(range(1, n), k - 1):
             bounds = (0, *cuts, n)
             nodes = [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
-            for reps in compositions(workers, k):
-                starts = [sum(reps[:i]) for i in range(k)]
-                ranks = [list(range(a, a + r)) for a, r in zip(starts, reps, strict=True)]
-                out.append(Partition(problem, nodes, ranks, search="exhaustive"))
+            out.extend(
+                Partition(problem, nodes, consecutive_ranks(reps), search="exhaustive")
+                for reps in compositions(workers, k)
+            )
     return out
 
 

@@ -538,12 +538,16 @@ def all_partitions(problem: Problem, workers: int, straight: bool) -> list[Parti
         for reps in compositions(workers, parts):
             if straight and any(r != 1 for r in reps):
                 continue
-            starts = [sum(reps[:i]) for i in range(parts)]
-            ranks = [list(range(a, a + r)) for a, r in zip(starts, reps, strict=True)]
-            out.append(Partition(problem, nodes, ranks, search="exhaustive"))
+            out.append(Partition(problem, nodes, consecutive_ranks(reps), search="exhaustive"))
             if len(out) > EXHAUSTIVE_PARTITIONS:
                 return None
     return out
+
+
+def consecutive_ranks(replicas: Sequence[int]) -> list[list[int]]:
+    """Each stage's ranks, in order: ``replicas`` [2, 1] gives [[0, 1], [2]]."""
+    starts = itertools.accumulate(replicas, initial=0)
+    return [list(range(a, a + r)) for a, r in zip(starts, replicas, strict=False)]
 
 
 def compositions(total: int, parts: int) -> Iterator[list[int]]:
