@@ -200,9 +200,9 @@ class _Search:
             self.seen.add(key)
             if part.chunks > 1:
                 # The chunks as straight stages on V x N ranks of the one level (the same costs), then
-                # interleaved onto the N workers.
+                # interleaved onto the N workers. Its memory is the interleaved program's, added below.
                 flat = replace(config, workers=(len(part.stage_nodes),), straight=True, memory=None)
-                base = assemble(graph, flat, part, "1f1b", 1)
+                base = assemble(graph, flat, part, "1f1b", 1, memory=False)
                 first = interleave(
                     graph, base, config.levels(), part.chunks, 1, config.straight, memory=False
                 )

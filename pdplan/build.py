@@ -281,9 +281,19 @@ def _extra_text(messages: float, overhead: float) -> str:
 
 
 def assemble(
-    graph: LayerGraph, config: PlanConfig, part: Partition, schedule: str, microbatches: int
+    graph: LayerGraph,
+    config: PlanConfig,
+    part: Partition,
+    schedule: str,
+    microbatches: int,
+    memory: bool = True,
 ) -> Plan:
-    """The plan of ``part``'s stages under ``schedule``: the paper's costs and the memory model per stage."""
+    """The plan of ``part``'s stages under ``schedule``: the paper's costs and the memory model per stage.
+
+    ``memory=False`` leaves the memory model out (the paper's figure stays), for a caller that
+    replaces the stages' memory anyway: it reads a program of the schedule, which costs more than
+    the rest of the plan (a 16-chunk straight 1F1B program for AlexNet's interleaved candidates).
+    """
     levels = config.levels()
     problem = part.problem
     stage_nodes, stage_ranks = part.stage_nodes, part.ranks
@@ -338,7 +348,7 @@ def assemble(
         stages=stages,
         predicted=predicted,
     )
-    return with_memory(plan, graph)
+    return with_memory(plan, graph) if memory else plan
 
 
 def with_memory(plan: Plan, graph: LayerGraph) -> Plan:

@@ -34,6 +34,7 @@ times, so for them it adds only the schedule's bubbles and transfer waits.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -42,12 +43,18 @@ from dataclasses import dataclass, replace
 from pdplan.costs import allreduce_s, span_bandwidth
 from shared.graph import LayerGraph, Node
 from shared.plan import Level, Plan
-from shared.schedule import build_program
+from shared.schedule import Program, build_program
 from shared.simulate import Costs, simulate
 
 # Units simulated: enough steps that the quartile window of shared.simulate is steady state.
+# A flushing schedule's steps repeat exactly (each drains), so 4 steps give the per-unit time of
+# 16 to 1e-14 (PipeDream's AlexNet, VGG16, ResNet-18, GNMT, SqueezeNet on 2 to 8 workers: tests/
+# test_schedule_sim.py); 2bw does not drain, and at 4 steps its warm-up still shows (up to 42%
+# off AlexNet on 8 workers), at 8 within 0.3% of 16. The planner's search simulates dozens of
+# programs per plan, so fewer units is start-up time saved (pdplan on AlexNet, issue 19).
 MIN_STEPS = 16
-FLUSH_STEPS = 8
+FLUSH_STEPS = 4
+TWO_BW_STEPS = 8
 MAX_UNITS = 4096
 
 
@@ -184,27 +191,55 @@ def simulate_plan(graph: LayerGraph, plan: Plan, scale: Sequence[float] | None =
     """Simulate ``plan``'s schedule on ``graph``'s profiled costs (the plan must record its cluster).
 
     A flushing schedule drains at every step, so its steps repeat exactly: a few of them give
-    the steady state (the quartile window of ``shared.simulate`` then spans whole steps). So
-    do 2bw's steps of M units, its warm-up (at most M units in flight) inside the first.
+    the steady state (the quartile window of ``shared.simulate`` then spans whole steps).
+    2bw's steps of M units do not drain: twice as many steps, past its warm-up.
 
     ``scale``, one factor per stage, multiplies each stage's compute (forward, backward, step):
     the same schedule with other stage costs, such as those a run measured (``bench.bench_runtime``
     reads a run's own limit so).
     """
     costs, stage_edges = schedule_costs(graph, plan, scale)
-    units = _units(plan, MIN_STEPS if plan.schedule == "1f1b" else FLUSH_STEPS)
+    steps = {"1f1b": MIN_STEPS, "2bw": TWO_BW_STEPS}.get(plan.schedule, FLUSH_STEPS)
+    units = _units(plan, steps)
     workers = len(plan.stages) // plan.virtual_stages
-    program = build_program(
+    program = _program(
         plan.schedule,
-        [s.replicas for s in plan.stages[:workers]],
+        tuple(s.replicas for s in plan.stages[:workers]),
         units,
-        microbatches=plan.microbatches,
-        stage_edges=stage_edges,
-        in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
-        chunks=plan.virtual_stages,
+        plan.microbatches,
+        None if stage_edges is None else tuple(stage_edges),
+        plan.in_flight if plan.schedule == "1f1b" else None,
+        plan.virtual_stages,
     )
     run = simulate(program, costs)
     return ScheduleFigures(time_per_minibatch_s=run.time_per_unit, bubble=run.bubble, units=units)
+
+
+@functools.lru_cache(maxsize=64)
+def _program(
+    schedule: str,
+    replicas: tuple[int, ...],
+    units: int,
+    microbatches: int,
+    stage_edges: tuple[tuple[int, int], ...] | None,
+    in_flight: int | None,
+    chunks: int,
+) -> Program:
+    """``build_program``'s program, kept for the next plan of the same shape (read only: shared).
+
+    A program depends on the integers alone, not on the stages' costs: the planner's local
+    search simulates many partitions that differ only in where a layer sits (AlexNet on 4
+    workers: 12 of its 20 simulations are one 2bw program).
+    """
+    return build_program(
+        schedule,
+        replicas,
+        units,
+        microbatches=microbatches,
+        stage_edges=stage_edges,
+        in_flight=in_flight,
+        chunks=chunks,
+    )
 
 
 def schedule_costs(

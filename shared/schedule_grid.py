@@ -19,7 +19,7 @@ def draw_grid(program: Program, *, detail: bool = False, marks: Sequence[tuple[W
     """
     stages = 1 + max((s for s, _ in program), default=0)
     timeline = run_timeline(program, Costs.uniform(stages))
-    slot_of = {(op.worker, op.index): int(op.start) for op in timeline.ops if op.instr.kind in COMPUTE}
+    slot_of = {(op.worker, op.position): int(op.start) for op in timeline.ops if op.instr.kind in COMPUTE}
     marked = set(marks)
     rows: dict[Worker, dict[int, list[str]]] = {w: {} for w in program}
     lasts: dict[Worker, int] = {}

@@ -16,9 +16,13 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
 
 from shared.schedule import (
     COMPUTE,
+    RECVS,
+    SENDS,
     Instr,
     Kind,
     Program,
@@ -27,6 +31,9 @@ from shared.schedule import (
     max_in_flight,
     worker_name,
 )
+
+# A message's channel, the same at both ends: activations (SA matches RA) or gradients (SG, RG).
+_CHANNEL = {Kind.SEND_ACT: "A", Kind.RECV_ACT: "A", Kind.SEND_GRAD: "G", Kind.RECV_GRAD: "G"}
 
 
 @dataclass(frozen=True)
@@ -81,16 +88,21 @@ class Costs:
             weight=[weight] * stages,
         )
 
-    def of(self, instr: Instr, stage: int) -> float:
-        """How long ``instr`` keeps its worker busy (zero for sends and receives)."""
-        table = {
+    @cached_property
+    def _by_kind(self) -> dict[Kind, Sequence[float]]:
+        # Built once per Costs (cached_property writes the instance dict, frozen or not): ``of``
+        # runs for every simulated instruction.
+        return {
             Kind.FORWARD: self.forward,
             Kind.BACKWARD: self.backward,
             Kind.WEIGHT: self.weight,
             Kind.ALLREDUCE: self.allreduce,
             Kind.STEP: self.step,
         }
-        costs = table.get(instr.kind)
+
+    def of(self, instr: Instr, stage: int) -> float:
+        """How long ``instr`` keeps its worker busy (zero for sends and receives)."""
+        costs = self._by_kind.get(instr.kind)
         if costs is None:
             return 0.0
         if self.chunks > 1 and instr.kind in COMPUTE:
@@ -104,12 +116,15 @@ class Costs:
         return float(self.transfer.get((min(a, b), max(a, b)), 0.0))
 
 
-@dataclass(frozen=True)
-class Op:
-    """One executed instruction: which worker, its index in the worker's list, when."""
+class Op(NamedTuple):
+    """One executed instruction: which worker, its position in the worker's list, when.
+
+    A named tuple, not a frozen dataclass: the planner's schedule search simulates tens of
+    thousands of instructions per plan, and a frozen dataclass takes three times as long to make.
+    """
 
     worker: Worker
-    index: int
+    position: int
     instr: Instr
     start: float
     end: float
@@ -170,47 +185,55 @@ def run_timeline(program: Program, costs: Costs) -> Timeline:
                 wake(other)
         return max(group.values())
 
+    # The loop below runs once per instruction of every program the planner's search simulates:
+    # its lookups are hoisted into locals.
+    of, link, blocking, append = costs.of, costs.link, costs.blocking_sends, ops.append
     while ready:
         w = ready.popleft()
         queued.discard(w)
         instrs = program[w]
-        while pc[w] < len(instrs):
-            ins = instrs[pc[w]]
+        stage = w[0]
+        i, n = pc[w], len(instrs)
+        while i < n:
+            ins = instrs[i]
+            kind = ins.kind
             t = clock[w]
-            if ins.kind is Kind.STEP and w[0] in tie_of:
-                tie = tie_of[w[0]]
-                met = meet(tie_joined, (tie, tie_rounds[w]), tie_workers[tie], w)
-                if met is None:
-                    break
-                t = met + costs.ties[tie][1]
-                end = t + costs.of(ins, w[0])
-                tie_rounds[w] += 1
-            elif ins.kind in COMPUTE or ins.kind is Kind.STEP:
-                end = t + costs.of(ins, w[0])
-            elif ins.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
+            if kind in COMPUTE or (kind is Kind.STEP and stage not in tie_of):
+                end = t + of(ins, stage)
+            elif kind in SENDS:
                 assert ins.peer is not None
-                key = (ins.kind.value[1], w, ins.peer, ins.unit, ins.chunk)
-                arrived[key] = t + costs.link(w[0], ins.peer[0])
+                key = (_CHANNEL[kind], w, ins.peer, ins.unit, ins.chunk)
+                arrived[key] = end = t + link(stage, ins.peer[0])
                 if key in waiting:
                     wake(waiting.pop(key))
-                end = arrived[key] if costs.blocking_sends else t
-            elif ins.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+                if not blocking:
+                    end = t
+            elif kind in RECVS:
                 assert ins.peer is not None
-                key = (ins.kind.value[1], ins.peer, w, ins.unit, ins.chunk)
+                key = (_CHANNEL[kind], ins.peer, w, ins.unit, ins.chunk)
                 if key not in arrived:
                     waiting[key] = w
                     break
                 t = end = max(t, arrived.pop(key))
+            elif kind is Kind.STEP:  # a step of a tied stage: after the tie's sum
+                tie = tie_of[stage]
+                met = meet(tie_joined, (tie, tie_rounds[w]), tie_workers[tie], w)
+                if met is None:
+                    break
+                t = met + costs.ties[tie][1]
+                end = t + of(ins, stage)
+                tie_rounds[w] += 1
             else:  # ALLREDUCE: a collective among the stage's replicas
-                met = meet(joined, (w[0], rounds_done[w]), replicas[w[0]], w)
+                met = meet(joined, (stage, rounds_done[w]), replicas[stage], w)
                 if met is None:
                     break
                 t = met
-                end = t + costs.of(ins, w[0])
+                end = t + of(ins, stage)
                 rounds_done[w] += 1
-            ops.append(Op(w, pc[w], ins, t, end))
+            append(Op(w, i, ins, t, end))
             clock[w] = end
-            pc[w] += 1
+            i += 1
+        pc[w] = i
     blocked = {w: pc[w] for w in sorted(program) if pc[w] < len(program[w])}
     return Timeline(tuple(ops), blocked)
 
@@ -225,8 +248,19 @@ class Simulation:
     idle: dict[Worker, float]  # the rest of the makespan
     time_per_unit: float  # steady state: seconds between unit completions, fill and drain left out
     bubble: float  # idle share of all workers' time
-    peak_in_flight: dict[Worker, int]  # most units forwarded but not backwarded
     timeline: Timeline
+
+    @cached_property
+    def peak_in_flight(self) -> dict[Worker, int]:
+        """Per worker, the most units forwarded but not yet backwarded at once.
+
+        Read off the run when asked (the grid drawing asks; the planner's search, simulating
+        dozens of programs per plan, does not): each worker's ops are in its program's order.
+        """
+        executed: Program = {w: [] for w in self.busy}
+        for op in self.timeline.ops:
+            executed[op.worker].append(op.instr)
+        return max_in_flight(executed)
 
 
 def _time_per_unit(ops: Sequence[Op], makespan: float, period: int) -> float:
@@ -276,6 +310,5 @@ def simulate(program: Program, costs: Costs) -> Simulation:
         idle=idle,
         time_per_unit=_time_per_unit(timeline.ops, makespan, math.lcm(*replicas.values()) if replicas else 1),
         bubble=sum(idle.values()) / total if total > 0 else 0.0,
-        peak_in_flight=max_in_flight(program),
         timeline=timeline,
     )

@@ -14,15 +14,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from pdplan import schedule_sim
 from pdplan.build import PlanConfig, make_plan
 from pdplan.cli import main
 from pdplan.report import with_simulation
 from pdplan.schedule_sim import simulate_plan, stage_costs
+from pdprof.pipedream_import import parse_pipedream
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.host import send_thread_pays
 from shared.plan import load_plan, save_plan
 
 FWD, BWD, UPD, OVERHEAD, LOSS_F, LOSS_B, DATA = 1.0, 2.0, 0.25, 0.1, 0.05, 0.15, 0.4  # milliseconds
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 ACT = 1e6  # bytes each layer outputs
 
 
@@ -98,6 +101,30 @@ def test_flush_schedules_take_the_fill_and_drain_formula(schedule: str, stages: 
     assert sim.time_per_minibatch_s * 1000 == pytest.approx(
         step / m, rel=1e-9 if schedule == "gpipe" else 1e-3
     )
+
+
+@pytest.mark.parametrize("name", ["alexnet", "vgg16", "gnmt"])
+@pytest.mark.parametrize(("workers", "bandwidth"), [(2, 1e9), (4, 1e8), (8, 1e10)])
+def test_the_few_steps_simulated_give_the_long_runs_time_per_unit(
+    monkeypatch: pytest.MonkeyPatch, name: str, workers: int, bandwidth: float
+) -> None:
+    # The planner simulates FLUSH_STEPS steps of a flushing schedule and TWO_BW_STEPS of 2bw (few,
+    # for its start-up): on PipeDream's profiles they give what 32 steps give.
+    g = parse_pipedream((PROFILES / f"{name}.txt").read_text(), name)
+    plan = make_plan(g, PlanConfig(workers=(workers,), bandwidths=(bandwidth,), straight=True))
+    s = len(plan.stages)
+    compared = 0
+    for schedule, m in itertools.product(("1f1b-flush", "gpipe", "zb-h1", "2bw"), (s, 2 * s + 1, 4 * s + 3)):
+        p = plan.model_copy(update={"schedule": schedule, "microbatches": m})
+        few = simulate_plan(g, p).time_per_minibatch_s
+        monkeypatch.setattr(schedule_sim, "FLUSH_STEPS", 32)
+        monkeypatch.setattr(schedule_sim, "TWO_BW_STEPS", 32)
+        many = simulate_plan(g, p).time_per_minibatch_s
+        monkeypatch.undo()
+        # A flush drains every step, so its steps repeat exactly; 2bw's settle after its warm-up.
+        assert few == pytest.approx(many, rel=1e-12 if schedule != "2bw" else 1e-2), (schedule, m)
+        compared += 1
+    assert compared == 12
 
 
 def test_async_1f1b_on_balanced_stages_reaches_the_bottleneck() -> None:

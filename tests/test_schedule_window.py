@@ -101,7 +101,7 @@ FAULTS = [
 
 
 def _shifted(instrs: list[Instr], base: int) -> list[Instr]:
-    return [replace(ins, unit=ins.unit + base) for ins in instrs]
+    return [ins._replace(unit=ins.unit + base) for ins in instrs]
 
 
 def _whole(gen: Schedule, pipe: Pipeline, lengths: list[int]) -> Program:

@@ -128,8 +128,8 @@ def test_times_do_not_depend_on_worker_order() -> None:
         forward=[1.0, 3.0, 0.5], backward=[2.0, 5.0, 1.0], transfer={(0, 1): 0.2, (1, 2): 0.3, (0, 2): 0.7}
     )
     reordered: Program = dict(reversed(list(program.items())))
-    a = {(op.worker, op.index): (op.start, op.end) for op in run_timeline(program, costs).ops}
-    b = {(op.worker, op.index): (op.start, op.end) for op in run_timeline(reordered, costs).ops}
+    a = {(op.worker, op.position): (op.start, op.end) for op in run_timeline(program, costs).ops}
+    b = {(op.worker, op.position): (op.start, op.end) for op in run_timeline(reordered, costs).ops}
     assert a == b and len(a) == sum(len(v) for v in program.values())
 
 
