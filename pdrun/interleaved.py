@@ -9,6 +9,10 @@ and the sender's chunk ([Note: chunks]); :func:`virtual_instr` turns each instru
 what its chunk's worker expects, and all chunks share the rank's one transport, so the
 messages between two ranks keep the order the validator checked. A step steps every chunk.
 
+With ``--trace`` each instruction is a box on its rank's row of the Chrome trace, in the
+chunk's own thread (tid c), named as the rank's stream names it (``F3.1``: unit 3, chunk 1); a
+step or an all-reduce, which every chunk runs, is a box in each chunk's thread.
+
 Not yet: checkpoints, resuming, and the validation pass (a chunked forward-only order);
 ``check_chunked`` refuses the first two before training and the run says it skips the third.
 """
@@ -69,10 +73,6 @@ def check_chunked(plan: Plan, cfg: RunConfig, source: str = "plan") -> None:
             f"{source}: virtual_stages: an interleaved-1f1b run does not checkpoint or resume yet; "
             "drop --checkpoint-dir/--resume"
         )
-    if cfg.trace:
-        raise UserError(
-            f"{source}: virtual_stages: an interleaved-1f1b run records no timeline yet; drop --trace"
-        )
 
 
 def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
@@ -97,16 +97,26 @@ def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
 
 
 def run_chunks(
-    chunks: list[Worker], comm: Transport, instrs: Any, stage: int, stages: int, base: int
+    chunks: list[Worker],
+    comm: Transport,
+    instrs: Any,
+    stage: int,
+    stages: int,
+    base: int,
+    events: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Run one program's stream, each instruction on its chunk's worker (receives posted as they come)."""
+    """Run one program's stream, each instruction on its chunk's worker (receives posted as they come).
+
+    ``events``: where each instruction's trace box goes, in the order the rank ran them (``--trace``).
+    """
     for w in chunks:
         w.base = base
         w.stats = StepStats(time.perf_counter())
     for i, ins in enumerate(instrs):
         c, vins = virtual_instr(ins, stage, stages)
-        for w in chunks if c == ALL_CHUNKS else [chunks[c]]:
+        for k, w in enumerate(chunks) if c == ALL_CHUNKS else [(c, chunks[c])]:
             w.at = i
+            wall0 = time.time()
             t0 = time.perf_counter()
             if vins.kind in RECVS:
                 w.posted[i] = w._post(vins)
@@ -119,7 +129,37 @@ def run_chunks(
                 w.stats.comm_s += dt
             else:
                 w.stats.compute_s += dt
+            if events is not None:
+                events.append(_box(ins, k, w, wall0, dt))
     comm.drain()
+
+
+def _box(ins: Instr, chunk: int, w: Worker, wall0: float, dt: float) -> dict[str, Any]:
+    """One instruction as a Chrome-trace box: the rank's stream's name for it, in its chunk's thread."""
+    return {
+        "name": str(ins),
+        "cat": ins.kind.name.lower(),
+        "ph": "X",
+        "ts": wall0 * 1e6,
+        "dur": dt * 1e6,
+        "pid": w.config.rank,
+        "tid": chunk,
+        "args": {"unit": w.base + ins.unit, "stage": w.s, "chunk": chunk},
+    }
+
+
+def _thread_names(chunks: list[Worker], rank: int) -> list[dict[str, Any]]:
+    """Chrome-trace metadata naming each chunk's thread of the rank's row."""
+    return [
+        {
+            "name": "thread_name",
+            "ph": "M",
+            "pid": rank,
+            "tid": c,
+            "args": {"name": f"chunk {c} (stage {w.s})"},
+        }
+        for c, w in enumerate(chunks)
+    ]
 
 
 def rank_rows(chunks: list[Worker], shown: Worker) -> StepRows:
@@ -164,8 +204,9 @@ def train_interleaved(
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]
     base = 0
+    events = _thread_names(chunks, env.rank) if cfg.trace else None
     for length in segs.lengths:
-        run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base)
+        run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base, events)
         base += length
     c_shown = next(
         (c for c, w in enumerate(chunks) if w.config.stage.has_output), 0
@@ -183,7 +224,7 @@ def train_interleaved(
         updates=shown.steps,
         wall_s=time.perf_counter() - t_start,
         rows=rank_rows(chunks, shown),
-        events=[],
+        events=events or [],
         params=merged if cfg.record else {},
         send_thread=comm.poster is not None,
         links=dict(comm.used),

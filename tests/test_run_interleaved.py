@@ -11,11 +11,14 @@ import pytest
 import torch
 
 from pdrun.config import RunConfig
+from pdrun.interleaved import ALL_CHUNKS, virtual_instr
 from pdrun.launch import launch
 from pdrun.metrics import summary
 from pdrun.plans import cut_plan
+from pdrun.timeline import chrome_trace
 from shared.errors import UserError
 from shared.plan import Plan
+from shared.schedule import make_pipeline, worker_program
 from shared.spec import RunSpec
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
 
@@ -69,12 +72,37 @@ def test_interleaved_equals_sequential(
         assert timed >= 0.8 * sum(row["wall_s"] for row in r.rows), (r.rank, timed)
 
 
+@pytest.mark.timeout(120)
+def test_an_interleaved_run_traces_every_instruction_in_its_chunks_thread() -> None:
+    plan = interleaved_plan([3, 6, 9], 2, 2, 8, 4)
+    steps, m = 2, 4
+    results = launch(plan, RunConfig(steps=steps, validate=False, trace="unused.json"))
+    assert results is not None
+    trace = chrome_trace(results)
+    events = trace["traceEvents"]
+    assert isinstance(events, list)
+    pipe = make_pipeline("interleaved-1f1b", [1, 1], microbatches=m, chunks=2)
+    for rank in (0, 1):
+        threads = {
+            e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name" and e["pid"] == rank
+        }
+        assert threads == {0: f"chunk 0 (stage {rank})", 1: f"chunk 1 (stage {2 + rank})"}
+        boxes = [e for e in events if e["ph"] == "X" and e["pid"] == rank]
+        # The rank's stream in its order, each on the chunk that runs it (a receive: the one after the
+        # sender's); a step runs on every chunk, one box in each chunk's thread.
+        want = []
+        for ins in worker_program("interleaved-1f1b", pipe, (rank, 0), steps * m):
+            c, _ = virtual_instr(ins, rank, 2)
+            want += [(str(ins), k) for k in ((0, 1) if c == ALL_CHUNKS else (c,))]
+        assert [(e["name"], e["tid"]) for e in boxes] == want
+        assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in boxes)
+        assert sum(e["name"].startswith("F") for e in boxes) == steps * m * 2
+
+
 def test_interleaved_refuses_before_training(tmp_path: object) -> None:
     plan = interleaved_plan([3, 6, 9], 2, 2, 8, 4)
     with pytest.raises(UserError, match="does not checkpoint or resume yet"):
         launch(plan, RunConfig(steps=2, checkpoint_dir=str(tmp_path), validate=False))
-    with pytest.raises(UserError, match="records no timeline yet; drop --trace"):
-        launch(plan, RunConfig(steps=2, trace=str(tmp_path) + "/t.json", validate=False))
     # A skip connection from chunk 1 to chunk 3 is no chain of chunks: one line, before any worker starts.
     plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4)
     with pytest.raises(UserError, match=r"interleaved-1f1b sends values only to the next chunk.*\(1, 3\)"):
