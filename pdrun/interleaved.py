@@ -13,27 +13,30 @@ With ``--trace`` each instruction is a box on its rank's row of the Chrome trace
 chunk's own thread (tid c), named as the rank's stream names it (``F3.1``: unit 3, chunk 1); a
 step or an all-reduce, which every chunk runs, is a box in each chunk's thread.
 
-Not yet: checkpoints, resuming, and the validation pass (a chunked forward-only order);
-``check_chunked`` refuses the first two before training and the run says it skips the third.
+The validation pass runs each unit through the rank's chunks in turn (:func:`forward_only_stream`).
+Not yet: checkpoints and resuming, which ``check_chunked`` refuses before training.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
+from pdrun import validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
+from pdrun.data import Units
 from pdrun.env import DistEnv
 from pdrun.result import WorkerResult
 from pdrun.shape import pipeline_of, segments
 from pdrun.step_rows import StepRows
 from pdrun.transport import Transport
-from pdrun.worker import PARTS, StepStats, Worker
+from pdrun.worker import PARTS, StepStats, Tally, Worker
 from shared.errors import UserError
 from shared.plan import Plan
 from shared.schedule import GENERATORS, RECVS, SENDS, Instr, Kind, worker_program
@@ -162,6 +165,42 @@ def _thread_names(chunks: list[Worker], rank: int) -> list[dict[str, Any]]:
     ]
 
 
+def forward_only_stream(stage: int, workers: int, chunks: int, units: int) -> Iterator[Instr]:
+    """The validation pass of rank ``stage``, as its training stream names instructions ([Note: chunks]).
+
+    Unit by unit, each of the rank's chunks in turn: the receive from the virtual stage before
+    (labelled with the sender's chunk), the forward, the send to the virtual stage after. A unit
+    goes through all V x S virtual stages before the next starts, so the messages between two
+    ranks come in the order both ends read them, whatever the chunk; unpipelined, as a pass
+    once an epoch can be.
+    """
+    last = chunks * workers - 1
+    for u in range(units):
+        for c in range(chunks):
+            v = c * workers + stage
+            if v > 0:
+                yield Instr(Kind.RECV_ACT, u, ((v - 1) % workers, 0), (v - 1) // workers)
+            yield Instr(Kind.FORWARD, u, None, c)
+            if v < last:
+                yield Instr(Kind.SEND_ACT, u, ((v + 1) % workers, 0), c)
+
+
+def validate_chunks(
+    chunks: list[Worker], comm: Transport, units: Units, stage: int, workers: int
+) -> tuple[float, int, int, int]:
+    """:meth:`pdrun.worker.Worker.validate` for a rank's chunks: (loss sum, correct, samples, scored)."""
+    tally = Tally()
+    for w in chunks:
+        w.config.stage.module.eval()  # dropout off, BatchNorm on its running statistics
+    for ins in forward_only_stream(stage, workers, len(chunks), units.per_epoch):
+        c, vins = virtual_instr(ins, stage, workers)
+        chunks[c].val_instr(vins, units, tally)
+    comm.drain()
+    for w in chunks:
+        w.config.stage.module.train()
+    return tally.loss_sum, tally.correct, tally.count, tally.scored
+
+
 def rank_rows(chunks: list[Worker], shown: Worker) -> StepRows:
     """The rank's step rows: the shown chunk's, with the time of every chunk summed (the rank ran them all).
 
@@ -189,12 +228,21 @@ def train_interleaved(
     comm: Transport,
 ) -> Any:
     """``pdrun.runner._train`` for an interleaved plan: this rank's V chunk workers; every result on rank 0."""
-    if cfg.validate and env.rank == 0:
-        print("pdrun: interleaved-1f1b runs no validation pass yet; it is skipped", flush=True)
-
     n = len(plan.stages) // plan.virtual_stages
     model = build_model(plan, cfg, device, dtype)
     part = model.part
+    val_units = (
+        Units(
+            model.val_set,
+            plan.batch_size,
+            cfg.seed,
+            shuffle=False,
+            name=f"validation set of {plan.spec.data}",
+            pad=True,
+        )
+        if model.val_set is not None and cfg.validate
+        else None
+    )
     shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
     chunks = [
         build_worker(env, plan, cfg, model, (c * n + s, 0), shared, dtype) for c in range(plan.virtual_stages)
@@ -203,15 +251,18 @@ def train_interleaved(
     segs = segments(plan, cfg, chunks[0].config.units.per_epoch)
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]
-    base = 0
-    events = _thread_names(chunks, env.rank) if cfg.trace else None
-    for length in segs.lengths:
-        run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base, events)
-        base += length
     c_shown = next(
         (c for c, w in enumerate(chunks) if w.config.stage.has_output), 0
     )  # the loss lives on the last chunk
     shown = chunks[c_shown]
+    base = 0
+    events = _thread_names(chunks, env.rank) if cfg.trace else None
+    done: list[dict[str, Any]] = []
+    for epoch, length in enumerate(segs.lengths):
+        run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base, events)
+        base += length
+        if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
+            done.append(validation.entry(shown, validate_chunks(chunks, comm, val_units, s, n), epoch))
     merged = {
         k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
     }
@@ -225,6 +276,7 @@ def train_interleaved(
         wall_s=time.perf_counter() - t_start,
         rows=rank_rows(chunks, shown),
         events=events or [],
+        validation=done,
         params=merged if cfg.record else {},
         send_thread=comm.poster is not None,
         links=dict(comm.used),

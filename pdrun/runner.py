@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pdrun import checkpoint
+from pdrun import checkpoint, validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
@@ -249,19 +249,7 @@ def _train(
 
 def _validate(worker: Worker, units: Units, pipe: Pipeline, epoch: int) -> dict[str, Any]:
     """One validation pass; on the last stage its sums over the stage's replicas."""
-    loss_sum, correct, count, scored = worker.validate(units, pipe)
-    if worker.config.stage.has_output and worker.config.group is not None:
-        t = torch.tensor([loss_sum, correct, count, scored], dtype=torch.float64, device=worker.comm.wire)
-        dist.all_reduce(t, group=worker.config.group)
-        loss_sum, correct, count, scored = float(t[0]), int(t[1]), int(t[2]), int(t[3])
-    return {
-        "epoch": epoch,
-        "step": worker.run_steps,
-        "loss_sum": loss_sum,
-        "correct": correct,
-        "count": count,
-        "scored": scored,
-    }
+    return validation.entry(worker, worker.validate(units, pipe), epoch)
 
 
 def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[WorkerResult] | None:

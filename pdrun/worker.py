@@ -434,7 +434,7 @@ class Worker:
         It runs the ``forward`` schedule's program (``shared.schedule.ForwardOnly``): one
         forward per unit, its receives before it and its sends after it, as training does.
         """
-        tally = _Tally()
+        tally = Tally()
         self.config.stage.module.eval()  # dropout off, BatchNorm on its running statistics
         program = (
             worker_program(ForwardOnly(), pipe, (self.s, self.config.replica), units.per_epoch)
@@ -442,24 +442,26 @@ class Worker:
             else ()
         )
         for ins in program:
-            if ins.kind is Kind.FORWARD:
-                self._val_forward(ins.unit, units, tally)
-                continue
-            assert ins.peer is not None
-            peer = self.config.peers.rank(ins.peer)
-            if ins.kind is Kind.RECV_ACT:
-                names = dict(self.config.part.receives(self.s))[ins.peer[0]]
-                _, got = self.comm.recv(
-                    self._buffers(names), peer, TAG_VAL, ins.unit, "validation activations"
-                )
-                self.inbox.setdefault(ins.unit, {}).update(self._unpack(names, got))
-            else:  # SEND_ACT
-                self.comm.send(self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0])), peer, TAG_VAL)
+            self.val_instr(ins, units, tally)
         self.comm.drain()
         self.config.stage.module.train()
         return tally.loss_sum, tally.correct, tally.count, tally.scored
 
-    def _val_forward(self, v: int, units: Units, tally: _Tally) -> None:
+    def val_instr(self, ins: Instr, units: Units, tally: Tally) -> None:
+        """One instruction of a forward-only pass: a forward (tallied on the last stage), or its message."""
+        if ins.kind is Kind.FORWARD:
+            self._val_forward(ins.unit, units, tally)
+            return
+        assert ins.peer is not None
+        peer = self.config.peers.rank(ins.peer)
+        if ins.kind is Kind.RECV_ACT:
+            names = dict(self.config.part.receives(self.s))[ins.peer[0]]
+            _, got = self.comm.recv(self._buffers(names), peer, TAG_VAL, ins.unit, "validation activations")
+            self.inbox.setdefault(ins.unit, {}).update(self._unpack(names, got))
+        else:  # SEND_ACT
+            self.comm.send(self.outbox.pop((Kind.SEND_ACT, ins.unit, ins.peer[0])), peer, TAG_VAL)
+
+    def _val_forward(self, v: int, units: Units, tally: Tally) -> None:
         received = self.inbox.pop(v, {})
         inputs, target = units.batch(
             v, inputs=bool(self.config.stage.batch_inputs), target=self.config.stage.has_output
@@ -483,7 +485,7 @@ class Worker:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What validation sums on the last stage."""
 
     loss_sum: float = 0.0

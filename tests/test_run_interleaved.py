@@ -99,6 +99,23 @@ def test_an_interleaved_run_traces_every_instruction_in_its_chunks_thread() -> N
         assert sum(e["name"].startswith("F") for e in boxes) == steps * m * 2
 
 
+@pytest.mark.timeout(180)
+def test_an_interleaved_run_validates_as_the_same_chunks_one_a_rank_do() -> None:
+    # Both train as one process does (float64), so their validation passes, after the same steps,
+    # see the same weights: the chunked pass must give the pipelined one's sums.
+    batch, m, steps = 8, 4, 3
+    cfg = RunConfig(steps=steps, seed=6, dtype="float64", lr=0.2, momentum=0.9, validate=True)
+    chunked = launch(interleaved_plan([3, 6, 9], 2, 2, batch, m), cfg)
+    flat = launch(cut_plan(RESMLP, [3, 6, 9], batch_size=batch, schedule="1f1b-flush", microbatches=m), cfg)
+    assert chunked is not None and flat is not None
+    got = next(r for r in chunked if r.stage == 3).validation
+    want = next(r for r in flat if r.stage == 3).validation
+    assert len(got) == len(want) == 1 and got[0]["step"] == want[0]["step"] == steps
+    assert got[0]["count"] == want[0]["count"] > 0 and got[0]["correct"] == want[0]["correct"]
+    assert got[0]["loss_sum"] == pytest.approx(want[0]["loss_sum"], rel=1e-9)
+    assert summary(chunked, interleaved_plan([3, 6, 9], 2, 2, batch, m))["validation"][0]["step"] == steps
+
+
 def test_interleaved_refuses_before_training(tmp_path: object) -> None:
     plan = interleaved_plan([3, 6, 9], 2, 2, 8, 4)
     with pytest.raises(UserError, match="does not checkpoint or resume yet"):
