@@ -14,7 +14,8 @@ chunk's own thread (tid c), named as the rank's stream names it (``F3.1``: unit 
 step or an all-reduce, which every chunk runs, is a box in each chunk's thread.
 
 The validation pass runs each unit through the rank's chunks in turn (:func:`forward_only_stream`).
-Not yet: checkpoints and resuming, which ``check_chunked`` refuses before training.
+A checkpoint holds each chunk as its virtual stage's file (``stage{v}.pt``), so ``--resume``
+restores every chunk as the one-chunk runner restores its stage.
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from pdrun import validation
+from pdrun import run_checkpoint, validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
 from pdrun.env import DistEnv
 from pdrun.result import WorkerResult
+from pdrun.shape import chunks as cut_at
 from pdrun.shape import pipeline_of, segments
 from pdrun.step_rows import StepRows
 from pdrun.transport import Transport
 from pdrun.worker import PARTS, StepStats, Tally, Worker
-from shared.errors import UserError
 from shared.plan import Plan
 from shared.schedule import GENERATORS, RECVS, SENDS, Instr, Kind, worker_program
 
@@ -65,17 +66,6 @@ class _UnitRelease:
         if self.released[unit] == self.chunks:
             del self.released[unit]
             self.comm.release(unit)
-
-
-def check_chunked(plan: Plan, cfg: RunConfig, source: str = "plan") -> None:
-    """UserError for what an interleaved run does not do yet, before any worker starts."""
-    if plan.virtual_stages == 1:
-        return
-    if cfg.checkpoint_dir or cfg.resume:
-        raise UserError(
-            f"{source}: virtual_stages: an interleaved-1f1b run does not checkpoint or resume yet; "
-            "drop --checkpoint-dir/--resume"
-        )
 
 
 def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
@@ -255,14 +245,30 @@ def train_interleaved(
         (c for c, w in enumerate(chunks) if w.config.stage.has_output), 0
     )  # the loss lives on the last chunk
     shown = chunks[c_shown]
-    base = 0
+    base, resumed = run_checkpoint.resume_point(cfg)
     events = _thread_names(chunks, env.rank) if cfg.trace else None
     done: list[dict[str, Any]] = []
+    written: list[int] = []
+    every = segs.units_per_step * (cfg.checkpoint_every or 0)
+
+    def save() -> None:
+        # Every chunk by its virtual stage; they all step together, so the shown one's count is the rank's.
+        step = base // segs.units_per_step
+        held = [(w.s, w.config.stage.module, w.config.optimizer) for w in chunks]
+        run_checkpoint.write(env, cfg, plan, held, replica, step, base, shown.steps, comm.device)
+        written.append(step)
+
     for epoch, length in enumerate(segs.lengths):
-        run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), length), s, n, base, events)
-        base += length
+        end = base + length
+        for units in cut_at(length, base, every):
+            run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), units), s, n, base, events)
+            base += units
+            if cfg.checkpoint_dir and every and base % every == 0 and base < end:
+                save()  # the segment's end checkpoints after validation, below
         if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
             done.append(validation.entry(shown, validate_chunks(chunks, comm, val_units, s, n), epoch))
+        if cfg.checkpoint_dir:
+            save()
     merged = {
         k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
     }
@@ -277,6 +283,8 @@ def train_interleaved(
         rows=rank_rows(chunks, shown),
         events=events or [],
         validation=done,
+        checkpoints=written,
+        resumed_from=resumed,
         params=merged if cfg.record else {},
         send_thread=comm.poster is not None,
         links=dict(comm.used),

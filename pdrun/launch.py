@@ -28,7 +28,6 @@ from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.failures import first_failure, signal_name
-from pdrun.interleaved import check_chunked
 from pdrun.notes import cluster_note, two_bw_momentum_note, validation_note
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
@@ -80,7 +79,6 @@ def check(
     """
     plan = effective_plan(plan, cfg)
     check_schedule_runs(plan, source)
-    check_chunked(plan, cfg, source)
     check_ranks(plan, world_size, source)
     if plan.spec.model is None:
         raise UserError(f"{source}: spec.model: the plan names no model; make it with pdprof --model SPEC")

@@ -10,25 +10,22 @@ measured. A failure is recorded for the launcher on its way out (``pdrun/failure
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from pdrun import checkpoint, validation
+from pdrun import run_checkpoint, validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
 from pdrun.env import DistEnv
 from pdrun.failures import PEER_LOST_GRACE_S, joining_failed, peer_lost, record_failure
-from pdrun.faults import Fault
 from pdrun.interleaved import train_interleaved
 from pdrun.orphan import die_with
 from pdrun.progress import Progress
@@ -100,45 +97,6 @@ def rank_transport(env: DistEnv, cfg: RunConfig, device: torch.device) -> Transp
     return open_transport(env, cfg, device, wire, send_thread)
 
 
-def _checkpoint(
-    env: DistEnv,
-    cfg: RunConfig,
-    plan: Plan,
-    s: int,
-    replica: int,
-    step: int,
-    units: int,
-    own_steps: int,
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    device: torch.device,
-) -> None:
-    """Every rank writes its files; rank 0 commits the manifest once all have (the pipeline is drained)."""
-    assert cfg.checkpoint_dir is not None
-    files = []
-    if replica == 0:  # replicas are identical: one copy per stage
-        files.append(
-            checkpoint.save_stage(cfg.checkpoint_dir, step, s, module, optimizer, units, plan.graph_hash)
-        )
-    files.append(checkpoint.save_rank(cfg.checkpoint_dir, step, env.rank, device, own_steps))
-    fault = Fault.from_environ()
-    if fault is not None:
-        fault.at_checkpoint(env.rank, step)
-    gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
-    dist.gather_object(files, gathered if env.rank == 0 else None, dst=0)
-    if env.rank == 0:
-        checkpoint.commit(
-            cfg.checkpoint_dir,
-            step,
-            units,
-            plan.graph_hash,
-            len(plan.stages),
-            env.world_size,
-            [w for got in gathered for w in got],
-            cfg.keep,
-        )
-
-
 def _train(
     env: DistEnv,
     plan: Plan,
@@ -159,11 +117,7 @@ def _train(
     spec, stage, part = plan.spec, worker.config.stage, worker.config.part
     val_set = model.val_set
     del model  # what is left of it: this rank keeps its stage
-    base = 0
-    resumed: int | None = None
-    if cfg.resume_from is not None:
-        manifest = json.loads((Path(cfg.resume_from) / checkpoint.MANIFEST).read_text())
-        base, resumed = int(manifest["units"]), int(manifest["step"])
+    base, resumed = run_checkpoint.resume_point(cfg)
     val_units = (
         Units(
             val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}", pad=True
@@ -180,19 +134,8 @@ def _train(
     def save_checkpoint() -> None:
         assert cfg.checkpoint_dir is not None
         step = base // segs.units_per_step  # the run's step (a replica's own count can be lower)
-        _checkpoint(
-            env,
-            cfg,
-            plan,
-            s,
-            replica,
-            step,
-            base,
-            worker.steps,
-            stage.module,
-            worker.config.optimizer,
-            device,
-        )
+        held = [(s, stage.module, worker.config.optimizer)]
+        run_checkpoint.write(env, cfg, plan, held, replica, step, base, worker.steps, device)
         written.append(step)
 
     progress.start()

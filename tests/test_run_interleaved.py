@@ -7,9 +7,15 @@ sequential training of tests/test_run_flush.py.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+from click.testing import CliRunner
 
+from pdrun.cli import main
 from pdrun.config import RunConfig
 from pdrun.interleaved import ALL_CHUNKS, virtual_instr
 from pdrun.launch import launch
@@ -17,9 +23,10 @@ from pdrun.metrics import summary
 from pdrun.plans import cut_plan
 from pdrun.timeline import chrome_trace
 from shared.errors import UserError
-from shared.plan import Plan
+from shared.plan import Plan, save_plan
 from shared.schedule import make_pipeline, worker_program
 from shared.spec import RunSpec
+from shared.tables import RUN_METRICS, load_table
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
 
 DEEP = RESMLP.model_copy(update={"model_args": {"width": 32, "depth": 4}})
@@ -116,11 +123,53 @@ def test_an_interleaved_run_validates_as_the_same_chunks_one_a_rank_do() -> None
     assert summary(chunked, interleaved_plan([3, 6, 9], 2, 2, batch, m))["validation"][0]["step"] == steps
 
 
-def test_interleaved_refuses_before_training(tmp_path: object) -> None:
-    plan = interleaved_plan([3, 6, 9], 2, 2, 8, 4)
-    with pytest.raises(UserError, match="does not checkpoint or resume yet"):
-        launch(plan, RunConfig(steps=2, checkpoint_dir=str(tmp_path), validate=False))
+def test_interleaved_refuses_a_chunk_skip_before_training() -> None:
     # A skip connection from chunk 1 to chunk 3 is no chain of chunks: one line, before any worker starts.
     plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4)
     with pytest.raises(UserError, match=r"interleaved-1f1b sends values only to the next chunk.*\(1, 3\)"):
         launch(plan, RunConfig(steps=2, validate=False))
+
+
+@pytest.mark.timeout(180)
+def test_an_interleaved_run_resumed_from_its_checkpoint_trains_as_one_run(tmp_path: Path) -> None:
+    # Every chunk is written as its virtual stage and restored as the one-chunk runner restores a
+    # stage: 2 steps, a checkpoint, 2 more resumed, give the weights and losses of 4 steps at once.
+    path = tmp_path / "plan.json"
+    save_plan(interleaved_plan([3, 6, 9], 2, 2, 8, 4), path)
+    ck = tmp_path / "ck"
+    common = ["-q", "--no-val", "--dtype", "float64", "--lr", "0.2", "--momentum", "0.9", "--seed", "6"]
+
+    def run(*args: str) -> dict[str, Any]:
+        res = CliRunner().invoke(main, [str(path), *common, *args])
+        assert res.exit_code == 0, res.output
+        out: dict[str, Any] = json.loads(res.stdout)
+        return out
+
+    run("--steps", "4", "--metrics", str(tmp_path / "whole.parquet"), "--checkpoint-dir", str(tmp_path / "w"))
+    first = run("--steps", "2", "--checkpoint-dir", str(ck), "--metrics", str(tmp_path / "a.parquet"))
+    assert first["checkpoint_steps"] == [2]
+    assert sorted(f.name for f in (ck / "step-000002").glob("*.pt")) == [
+        "rank0.pt",
+        "rank1.pt",
+        "stage0.pt",
+        "stage1.pt",
+        "stage2.pt",
+        "stage3.pt",
+    ]
+    resumed = run(
+        "--steps", "2", "--checkpoint-dir", str(ck), "--resume", "--metrics", str(tmp_path / "b.parquet")
+    )
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 2 and resumed["checkpoint_steps"] == [4]
+    for s in range(4):
+        want = torch.load(tmp_path / "w" / "step-000004" / f"stage{s}.pt", weights_only=True)["model"]
+        got = torch.load(ck / "step-000004" / f"stage{s}.pt", weights_only=True)["model"]
+        assert set(got) == set(want) and all(
+            torch.allclose(got[k], want[k], rtol=0, atol=1e-12) for k in want
+        )
+    whole, _ = load_table(tmp_path / "whole.parquet", RUN_METRICS)
+    parts = [load_table(tmp_path / f"{x}.parquet", RUN_METRICS)[0] for x in "ab"]
+
+    def last_losses(df: Any) -> list[float]:
+        return [float(v) for v in df[df["stage"] == 3].sort_values("step")["loss"]]
+
+    assert last_losses(parts[0]) + last_losses(parts[1]) == pytest.approx(last_losses(whole), rel=1e-12)
