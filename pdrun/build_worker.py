@@ -103,7 +103,8 @@ def build_worker(
 
     An interleaved chunk's stage is its virtual stage. ``on_step`` is called with each step's
     metrics row (the progress bar). Chunks (``plan.virtual_stages > 1``) get no replicas'
-    groups, tied gradients or memory tracking yet: ``pdrun/interleaved.py`` says what it refuses.
+    groups or tied gradients yet, and their rank tracks its memory once, for all of them
+    (``pdrun.interleaved``).
     """
     s, replica = where
     device = comm.device

@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from pdrun import run_checkpoint, validation
+from pdrun import peak, run_checkpoint, validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
@@ -238,6 +238,8 @@ def train_interleaved(
         build_worker(env, plan, cfg, model, (c * n + s, 0), shared, dtype) for c in range(plan.virtual_stages)
     ]
     del model  # the whole model: this rank keeps its chunks
+    # The run's memory from here: the rank's chunks', all in one process (pdrun/peak.py).
+    peak.start(comm.device, torch.nn.ModuleList([w.config.stage.module for w in chunks]))
     segs = segments(plan, cfg, chunks[0].config.units.per_epoch)
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]

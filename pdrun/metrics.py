@@ -164,23 +164,33 @@ def transport_of(result: WorkerResult) -> str:
 
 
 def memory_summary(results: list[WorkerResult], plan: Plan) -> list[dict[str, Any]]:
-    """Per stage: each rank's measured peak bytes beside the plan's predicted peak (``pdplan.memory``)."""
+    """Per stage: each rank's measured peak bytes beside the plan's predicted peak (``pdplan.memory``).
+
+    Under interleaved-1f1b a rank is one process holding V chunks: one entry per worker, under its
+    first chunk's stage, with ``chunks`` (its stages) and the sum of their predictions (as
+    ``pdplan`` predicts a worker's), beside the rank's one measured peak.
+    """
+    workers = len(plan.stages) // plan.virtual_stages
+    peaks: dict[int, float] = {}
+    for r in results:
+        seen = [row.get("peak_memory_bytes", math.nan) for row in r.rows]
+        if seen and not all(math.isnan(p) for p in seen):
+            peaks[r.rank] = max(p for p in seen if not math.isnan(p))
     out = []
-    for s, stage in enumerate(plan.stages):
-        measured = {}
-        for r in results:
-            peaks = [row.get("peak_memory_bytes", math.nan) for row in r.rows]
-            if r.stage == s and peaks and not all(math.isnan(p) for p in peaks):
-                measured[r.rank] = max(p for p in peaks if not math.isnan(p))
-        pred = stage.predicted
-        predicted = pred.memory.total_bytes if pred is not None and pred.memory is not None else None
+    for s in range(workers):
+        chunks = list(range(s, len(plan.stages), workers))
+        parts = [plan.stages[c].predicted for c in chunks]
+        totals = [p.memory.total_bytes for p in parts if p is not None and p.memory is not None]
+        predicted = sum(totals) if len(totals) == len(chunks) else None
+        measured = {rank: peaks[rank] for rank in plan.stages[s].ranks if rank in peaks}
         worst = max(measured.values(), default=None)
-        out.append(
-            {
-                "stage": s,
-                "predicted_bytes": predicted,
-                "measured_bytes": measured,
-                "measured_over_predicted": worst / predicted if worst is not None and predicted else None,
-            }
+        entry: dict[str, Any] = {"stage": s}
+        if plan.virtual_stages > 1:
+            entry["chunks"] = chunks
+        entry.update(
+            predicted_bytes=predicted,
+            measured_bytes=measured,
+            measured_over_predicted=worst / predicted if worst is not None and predicted else None,
         )
+        out.append(entry)
     return out

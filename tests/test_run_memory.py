@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pdplan.build import with_memory
+from pdplan.build import PlanConfig, with_memory, worker_peaks
+from pdplan.more_schedules import plan_for
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.metrics import frame, save, summary
 from pdrun.plans import cut_plan
-from shared.graph import load_graph
+from shared.graph import LayerGraph, load_graph
 from shared.plan import Cluster, Level
 from shared.spec import RunSpec
 from shared.tables import RUN_METRICS, load_table
@@ -32,8 +33,7 @@ MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mn
 LOW, HIGH = 0.5, 2.0
 
 
-@pytest.mark.timeout(240)
-def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -> None:
+def _profile(tmp_path: Path) -> LayerGraph:
     # In a process of its own, as a user runs pdprof: the memory probe counts from a fresh heap, where
     # this test process has paged in and freed what every earlier test ran.
     out = tmp_path / "graph.json"
@@ -48,7 +48,12 @@ def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         timeout=120,
     )
-    graph = load_graph(out)
+    return load_graph(out)
+
+
+@pytest.mark.timeout(240)
+def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -> None:
+    graph = _profile(tmp_path)
     plan = cut_plan(MNIST, ["conv2"], batch_size=64, schedule="1f1b-flush", microbatches=4)
     plan = plan.model_copy(
         update={"cluster": Cluster(levels=[Level(workers=2, bandwidth=1e9)], optimizer="momentum")}
@@ -76,3 +81,23 @@ def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -
 
     save_table(table.drop(columns=["peak_memory_bytes"]), save_old, RUN_METRICS, {})
     assert "peak_memory_bytes" not in load_table(save_old, RUN_METRICS)[0].columns
+
+
+@pytest.mark.timeout(240)
+def test_an_interleaved_rank_records_its_peak_beside_its_chunks_predicted_sum(tmp_path: Path) -> None:
+    # A rank is one process holding its V chunks: the summary compares its one peak with the sum of
+    # its chunks' predictions, which is how pdplan predicts a worker (pdplan.build.worker_peaks).
+    graph = _profile(tmp_path)
+    config = PlanConfig(
+        workers=(2,), bandwidths=(1e9,), schedule="interleaved-1f1b", microbatches=4, optimizer="momentum"
+    )
+    plan = plan_for(graph, config, 2)
+    results = launch(plan, RunConfig(steps=6, seed=0, momentum=0.9, validate=False))
+    assert results is not None
+    assert (frame(results)["peak_memory_bytes"] > 0).all()
+    memory = summary(results, plan)["memory"]
+    assert [(m["stage"], m["chunks"]) for m in memory] == [(0, [0, 2]), (1, [1, 3])]
+    for m, predicted in zip(memory, worker_peaks(plan), strict=True):
+        assert set(m["measured_bytes"]) == set(plan.stages[m["stage"]].ranks)
+        assert m["predicted_bytes"] == pytest.approx(predicted, rel=1e-12)
+        assert LOW <= max(m["measured_bytes"].values()) / predicted <= HIGH, memory
