@@ -209,8 +209,6 @@ class _Search:
                 costs, edges = stage_costs(graph, first)
                 if edges != [(s, s + 1) for s in range(len(part.stage_nodes) - 1)]:
                     continue  # interleaved-1f1b sends values only to the next chunk (pdrun refuses a skip)
-                if costs.ties:
-                    continue  # nor does it sum a parameter tied across chunks (pdrun.tied refuses it)
                 replicas = [1] * (len(part.stage_nodes) // part.chunks)
             else:
                 base = assemble(graph, config, part, "1f1b", config.microbatches or 1)

@@ -270,7 +270,7 @@ def chunked_costs(costs: Costs, chunks: int) -> Costs:
     Forward and backward stay per virtual stage (``Costs.chunks``); a worker steps all its
     chunks at once, so its step costs their sum; a transfer between two workers costs the
     most that any boundary of chunks between them carries (they differ by boundary, and the
-    simulator keys a link by the pair of workers).
+    simulator keys a link by the pair of workers); a tie joins the workers of its chunks.
     """
     n = len(costs.forward) // chunks
     step = [
@@ -280,8 +280,14 @@ def chunked_costs(costs: Costs, chunks: int) -> Costs:
     for (a, b), t in costs.transfer.items():
         key = (min(a % n, b % n), max(a % n, b % n))
         transfer[key] = max(transfer.get(key, 0.0), t)
-    # No ties: pdrun refuses a tie across chunks (pdrun.tied.check_ties), so no such plan runs.
-    return replace(costs, transfer=transfer, allreduce=[0.0] * n, step=step, chunks=chunks, ties=())
+    # A tie across chunks: pdrun's rank adds its own chunks' copies, then sums with the other workers
+    # before its step (pdrun.interleaved): a tie of the workers holding it, or of none when one does.
+    ties = []
+    for stages, seconds in costs.ties:
+        workers = tuple(sorted({v % n for v in stages}))
+        if len(workers) > 1:
+            ties.append((workers, seconds))
+    return replace(costs, transfer=transfer, allreduce=[0.0] * n, step=step, chunks=chunks, ties=ties)
 
 
 def split_backward(costs: Costs) -> Costs:

@@ -103,7 +103,7 @@ def build_worker(
 
     An interleaved chunk's stage is its virtual stage. ``on_step`` is called with each step's
     metrics row (the progress bar). Chunks (``plan.virtual_stages > 1``) get no replicas'
-    groups or tied gradients yet, and their rank tracks its memory once, for all of them
+    groups yet; their rank sums tied gradients and tracks its memory once, for all of them
     (``pdrun.interleaved``).
     """
     s, replica = where
@@ -125,7 +125,7 @@ def build_worker(
         peak.start(device, stage.module)  # the run's memory from here: the stage's, not the whole model's
         group = replica_groups(plan, s)
         tied = tied_gradients(
-            plan, ties, s, stage.module, comm.wire
+            plan, ties, {s: stage.module}, comm.wire
         )  # after the replicas' groups, on every rank
     stash = plan.schedule == "1f1b" and cfg.stash and needs_stash(plan, model.part, s)
     versions = (

@@ -37,6 +37,7 @@ from pdrun.result import WorkerResult
 from pdrun.shape import chunks as cut_at
 from pdrun.shape import pipeline_of, segments
 from pdrun.step_rows import StepRows
+from pdrun.tied import TiedGradients, find_ties, tied_gradients
 from pdrun.transport import Transport
 from pdrun.worker import PARTS, StepStats, Tally, Worker
 from shared.plan import Plan
@@ -97,16 +98,27 @@ def run_chunks(
     stages: int,
     base: int,
     events: list[dict[str, Any]] | None = None,
+    tied: TiedGradients | None = None,
 ) -> None:
     """Run one program's stream, each instruction on its chunk's worker (receives posted as they come).
 
     ``events``: where each instruction's trace box goes, in the order the rank ran them (``--trace``).
+    ``tied``: the rank's tied gradients, summed before each step, once for all its chunks.
     """
     for w in chunks:
         w.base = base
         w.stats = StepStats(time.perf_counter())
     for i, ins in enumerate(instrs):
         c, vins = virtual_instr(ins, stage, stages)
+        if tied is not None and ins.kind is Kind.STEP:
+            # Every chunk's backward of the step is done; each chunk's step then sees the summed gradient.
+            # (Timed with the first chunk's step: a collective the rank waits in, as the one-chunk runner does.)
+            t0 = time.perf_counter()
+            tied.sum()
+            dt = time.perf_counter() - t0
+            first = chunks[0].stats
+            first.by_kind[Kind.STEP] = first.by_kind.get(Kind.STEP, 0.0) + dt
+            first.compute_s += dt
         for k, w in enumerate(chunks) if c == ALL_CHUNKS else [(c, chunks[c])]:
             w.at = i
             wall0 = time.time()
@@ -237,6 +249,10 @@ def train_interleaved(
     chunks = [
         build_worker(env, plan, cfg, model, (c * n + s, 0), shared, dtype) for c in range(plan.virtual_stages)
     ]
+    # Tied parameters across chunks: the rank sums its chunks' copies, then with the other ranks'.
+    tied = tied_gradients(
+        plan, find_ties(model.traced, part), {w.s: w.config.stage.module for w in chunks}, comm.wire
+    )
     del model  # the whole model: this rank keeps its chunks
     # The run's memory from here: the rank's chunks', all in one process (pdrun/peak.py).
     peak.start(comm.device, torch.nn.ModuleList([w.config.stage.module for w in chunks]))
@@ -263,7 +279,7 @@ def train_interleaved(
     for epoch, length in enumerate(segs.lengths):
         end = base + length
         for units in cut_at(length, base, every):
-            run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), units), s, n, base, events)
+            run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), units), s, n, base, events, tied)
             base += units
             if cfg.checkpoint_dir and every and base % every == 0 and base < end:
                 save()  # the segment's end checkpoints after validation, below

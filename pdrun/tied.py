@@ -75,13 +75,7 @@ def find_ties(traced: TracedModel, part: Partition) -> list[Tie]:
 
 
 def check_ties(plan: Plan, ties: list[Tie], source: str = "plan") -> None:
-    """Refuse what the tie sum cannot keep exact: under 1f1b, a tie over a replicated stage; any under interleaving."""
-    if plan.virtual_stages > 1 and ties:
-        # The interleaved runner sums no tie: each chunk's copy would train on its own and drift apart.
-        raise PlanError(
-            f"{source}: virtual_stages: tied parameter {ties[0].label()}: interleaved-1f1b does not sum "
-            "tied gradients yet, so the copies would drift apart; untie the model or use another schedule"
-        )
+    """Refuse what the tie sum cannot keep exact: under 1f1b, a tie over a replicated stage."""
     if plan.schedule != "1f1b":
         return
     for tie in ties:
@@ -94,49 +88,64 @@ def check_ties(plan: Plan, ties: list[Tie], source: str = "plan") -> None:
                 )
 
 
-class TiedGradients:
-    """This rank's share of the ties: per group of stages, its parameters and the group's collective."""
+# Per group of stages: its process group, this rank's weight (1/replicas), and per tie the copies this
+# rank holds (one, or under interleaved-1f1b one per chunk of the rank that reads the tie).
+Share = tuple[Any, float, list[list[nn.Parameter]]]
 
-    def __init__(self, groups: list[tuple[Any, float, list[nn.Parameter]]], wire: torch.device) -> None:
-        self.groups = groups  # (process group, this rank's weight 1/replicas, the tied parameters it holds)
+
+class TiedGradients:
+    """This rank's share of the ties: per group of stages, its tied parameters and the group's collective."""
+
+    def __init__(self, groups: list[Share], wire: torch.device) -> None:
+        self.groups = groups
         self.wire = wire
 
     def sum(self) -> None:
-        """Sum every tied gradient over the stages that hold it (before the optimizer step)."""
-        for group, weight, params in self.groups:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        """Sum every tied gradient over the stages that hold it (before the optimizer step).
+
+        The copies one rank holds add up here first; the group's all-reduce adds the other ranks'.
+        """
+        for group, weight, ties in self.groups:
+            grads = [
+                torch.stack([p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]).sum(0)
+                for copies in ties
+            ]
             flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire)
             if weight != 1.0:
                 flat.mul_(weight)
             dist.all_reduce(flat, group=group)
             offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset : offset + n].view_as(p).to(p.device)
+            for copies in ties:
+                n = copies[0].numel()
+                for p in copies:
+                    g = flat[offset : offset + n].view_as(p).to(p.device)
+                    p.grad = g if len(copies) == 1 else g.clone()  # a rank's copies keep grads of their own
                 offset += n
 
 
 def tied_gradients(
-    plan: Plan, ties: list[Tie], stage: int, module: nn.Module, wire: torch.device
+    plan: Plan, ties: list[Tie], held: dict[int, nn.Module], wire: torch.device
 ) -> TiedGradients | None:
     """Make every tie's process group (every rank must call this, in the same order) and this rank's share.
 
-    The ties whose stages are the same share one group and one flat all-reduce. ``module`` is
-    this rank's stage module; its parameters are found by the names the tie records for ``stage``.
+    The ties whose stages are the same share one group and one flat all-reduce. ``held`` maps
+    each stage this rank holds to its module (one stage; an interleaved rank, each chunk by its
+    virtual stage); a tie's parameters are found there by the names it records for that stage.
     """
     by_stages: dict[tuple[int, ...], list[Tie]] = {}
     for tie in ties:
         by_stages.setdefault(tie.stages, []).append(tie)
-    live = dict(module.named_parameters())
-    mine: list[tuple[Any, float, list[nn.Parameter]]] = []
+    live = {s: dict(module.named_parameters()) for s, module in held.items()}
+    mine: list[Share] = []
     for stages, group_ties in by_stages.items():
-        ranks = sorted(r for s in stages for r in plan.stages[s].ranks)
+        ranks = sorted({r for s in stages for r in plan.stages[s].ranks})
         group = dist.new_group(ranks)
-        if stage not in stages:
+        here = [s for s in stages if s in held]
+        if not here:
             continue
-        params = []
+        copies = []
         for tie in group_ties:
-            names = dict(tie.names)[stage]
-            params.append(live[next(n for n in names if n in live)])
-        mine.append((group, 1.0 / plan.stages[stage].replicas, params))
+            names = dict(tie.names)
+            copies.append([live[s][next(n for n in names[s] if n in live[s])] for s in here])
+        mine.append((group, 1.0 / plan.stages[here[0]].replicas, copies))
     return TiedGradients(mine, wire) if mine else None

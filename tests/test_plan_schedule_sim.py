@@ -9,6 +9,7 @@ reaches the bottleneck stage's time.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,12 @@ from pdplan import schedule_sim
 from pdplan.build import PlanConfig, make_plan
 from pdplan.cli import main
 from pdplan.report import with_simulation
-from pdplan.schedule_sim import simulate_plan, stage_costs
+from pdplan.schedule_sim import chunked_costs, simulate_plan, stage_costs
 from pdprof.pipedream_import import parse_pipedream
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.host import send_thread_pays
 from shared.plan import load_plan, save_plan
+from shared.simulate import Costs
 
 FWD, BWD, UPD, OVERHEAD, LOSS_F, LOSS_B, DATA = 1.0, 2.0, 0.25, 0.1, 0.05, 0.15, 0.4  # milliseconds
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -260,3 +262,11 @@ def test_blocking_sends_slow_the_simulation_and_auto_follows_pdrun(tmp_path) -> 
         simulated[mode] = p.predicted.simulated_time_per_minibatch_s
     assert simulated["yes"] > simulated["no"]
     assert simulated["auto"] == simulated["yes" if not send_thread_pays("cpu", 3, 1) else "no"]
+
+
+def test_a_tie_across_chunks_joins_the_workers_that_hold_them() -> None:
+    # 2 workers x 2 chunks: virtual stage v runs on worker v % 2. A tie of chunks 0 and 3 is a sum
+    # between workers 0 and 1; one of chunks 0 and 2 is worker 0's own add, no collective.
+    tied = replace(Costs.uniform(4), ties=[((0, 3), 0.25), ((0, 2), 0.5)])
+    chunked = chunked_costs(tied, 2)
+    assert list(chunked.ties) == [((0, 1), 0.25)]

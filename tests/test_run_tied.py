@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.partition import partition
 from pdrun.plans import cut_plan, traced_for
 from pdrun.result import WorkerResult
-from pdrun.tied import find_ties
+from pdrun.tied import TiedGradients, find_ties
 from shared.errors import PlanError
 from shared.plan import Plan
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
@@ -177,18 +179,47 @@ def test_1f1b_refuses_a_tie_over_a_replicated_stage() -> None:
         launch(plan, RunConfig(steps=2, validate=False))
 
 
-def test_interleaved_refuses_a_tie_before_training() -> None:
-    # The interleaved runner sums no tie: the copies of wte.weight and lm_head.weight drifted 0.09 apart in 5 steps.
-    flat = cut_plan(GPT, [12, 24, 36], batch_size=8, schedule="1f1b-flush", microbatches=2)
+@pytest.mark.timeout(180)
+def test_interleaved_with_a_tie_across_ranks_equals_one_process() -> None:
+    # wte.weight on chunk 0 of rank 0 and lm_head.weight on chunk 1 of rank 1: each rank sums the tie
+    # before its step, and training equals one process (without the sum the copies drifted 0.09 apart
+    # in 5 steps).
+    flat = cut_plan(
+        GPT, ["h_0_ln_2", "h_1_ln_1", "h_1_ln_2"], batch_size=4, schedule="1f1b-flush", microbatches=2
+    )
     data = flat.model_dump(mode="json")
     for v, stage in enumerate(data["stages"]):
         stage["ranks"] = [v % 2]
     data.update(schedule="interleaved-1f1b", virtual_stages=2, world_size=2, in_flight=2)
     plan = Plan.model_validate(data)
-    with pytest.raises(
-        PlanError, match=r"wte\.weight \(stage 0\).*interleaved-1f1b does not sum tied gradients"
-    ):
-        launch(plan, RunConfig(steps=2, validate=False))
+    steps = 4
+    cfg = RunConfig(steps=steps, seed=1, dtype="float64", lr=0.5, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None and sorted(r.stage for r in results) == [0, 3]
+    initial, want = sequential(GPT, steps=steps, batch=8, seed=1, lr=0.5, momentum=0.9)
+    copies = _copies(results, {0: "wte.weight", 3: "lm_head.weight"})
+    assert torch.equal(copies[0], copies[3])
+    assert_same({"wte.weight": copies[0]}, {"wte.weight": want["wte.weight"]}, 1e-6)
+    assert (want["wte.weight"] - initial["wte.weight"]).abs().max().item() > 1e-3
+    rest = _merged(results, {"wte.weight", "lm_head.weight"})
+    assert_same(rest, {n: t for n, t in want.items() if n != "wte.weight"}, 1e-6)
+
+
+def test_a_ranks_own_copies_of_a_tie_add_up_before_the_group_sums_them() -> None:
+    # An interleaved rank may hold a tie in two chunks: its copies' gradients add up, the group's
+    # all-reduce adds the other ranks' (none here), and each copy gets the sum in a tensor of its own.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        a, b, lone = (nn.Parameter(torch.zeros(3, 2, dtype=torch.float64)) for _ in range(3))
+        a.grad, b.grad = torch.full_like(a, 1.5), torch.arange(6.0, dtype=torch.float64).view(3, 2)
+        lone.grad = torch.ones_like(lone)
+        TiedGradients([(None, 1.0, [[a, b], [lone]])], torch.device("cpu")).sum()
+        want = 1.5 + torch.arange(6.0, dtype=torch.float64).view(3, 2)
+        assert torch.equal(a.grad, want) and torch.equal(b.grad, want)
+        assert a.grad.data_ptr() != b.grad.data_ptr()
+        assert torch.equal(lone.grad, torch.ones_like(lone))
+    finally:
+        dist.destroy_process_group()
 
 
 def test_pdprof_records_ties_and_the_simulation_charges_their_sum() -> None:
