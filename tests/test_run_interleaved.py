@@ -31,6 +31,8 @@ from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequentia
 
 DEEP = RESMLP.model_copy(update={"model_args": {"width": 32, "depth": 4}})
 BLOCKS = [4, 8, 12, 16, 20]  # DEEP cut after each residual add: only the block's output crosses
+DEEPER = RESMLP.model_copy(update={"model_args": {"width": 32, "depth": 6}})  # 8 chunks: 4 ranks x 2
+DEEPER_BLOCKS = [4, 8, 12, 16, 20, 24, 28]
 
 
 def interleaved_plan(
@@ -49,7 +51,12 @@ def interleaved_plan(
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("spec", "cuts", "workers", "chunks", "m"),
-    [(RESMLP, [3, 6, 9], 2, 2, 4), (DEEP, BLOCKS, 2, 3, 4), (DEEP, BLOCKS, 3, 2, 6)],
+    [
+        (RESMLP, [3, 6, 9], 2, 2, 4),
+        (DEEP, BLOCKS, 2, 3, 4),
+        (DEEP, BLOCKS, 3, 2, 6),
+        (DEEPER, DEEPER_BLOCKS, 4, 2, 8),
+    ],
 )
 def test_interleaved_equals_sequential(
     spec: RunSpec, cuts: list[int], workers: int, chunks: int, m: int
