@@ -33,6 +33,7 @@ from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
 from pdrun.env import DistEnv
+from pdrun.progress import Progress
 from pdrun.result import WorkerResult
 from pdrun.shape import chunks as cut_at
 from pdrun.shape import pipeline_of, segments
@@ -246,8 +247,15 @@ def train_interleaved(
         else None
     )
     shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
+    segs = segments(plan, cfg, model.units.per_epoch)
+    # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.
+    last = len(plan.stages) - 1
+    progress = Progress(cfg, last % n == s, segs.steps)
     chunks = [
-        build_worker(env, plan, cfg, model, (c * n + s, 0), shared, dtype) for c in range(plan.virtual_stages)
+        build_worker(
+            env, plan, cfg, model, (v, 0), shared, dtype, on_step=progress.step if v == last else None
+        )
+        for v in range(s, len(plan.stages), n)
     ]
     # Tied parameters across chunks: the rank sums its chunks' copies, then with the other ranks'.
     tied = tied_gradients(
@@ -256,7 +264,6 @@ def train_interleaved(
     del model  # the whole model: this rank keeps its chunks
     # The run's memory from here: the rank's chunks', all in one process (pdrun/peak.py).
     peak.start(comm.device, torch.nn.ModuleList([w.config.stage.module for w in chunks]))
-    segs = segments(plan, cfg, chunks[0].config.units.per_epoch)
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]
     c_shown = next(
@@ -276,17 +283,24 @@ def train_interleaved(
         run_checkpoint.write(env, cfg, plan, held, replica, step, base, shown.steps, comm.device)
         written.append(step)
 
-    for epoch, length in enumerate(segs.lengths):
-        end = base + length
-        for units in cut_at(length, base, every):
-            run_chunks(chunks, comm, worker_program(schedule, pipe, (s, 0), units), s, n, base, events, tied)
-            base += units
-            if cfg.checkpoint_dir and every and base % every == 0 and base < end:
-                save()  # the segment's end checkpoints after validation, below
-        if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
-            done.append(validation.entry(shown, validate_chunks(chunks, comm, val_units, s, n), epoch))
-        if cfg.checkpoint_dir:
-            save()
+    progress.start()
+    try:
+        for epoch, length in enumerate(segs.lengths):
+            end = base + length
+            for units in cut_at(length, base, every):
+                program = worker_program(schedule, pipe, (s, 0), units)
+                run_chunks(chunks, comm, program, s, n, base, events, tied)
+                base += units
+                if cfg.checkpoint_dir and every and base % every == 0 and base < end:
+                    save()  # the segment's end checkpoints after validation, below
+            if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
+                entry = validation.entry(shown, validate_chunks(chunks, comm, val_units, s, n), epoch)
+                done.append(entry)
+                progress.validated(entry)
+            if cfg.checkpoint_dir:
+                save()
+    finally:
+        progress.close()
     merged = {
         k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
     }

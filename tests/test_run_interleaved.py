@@ -8,6 +8,9 @@ sequential training of tests/test_run_flush.py.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +131,23 @@ def test_an_interleaved_run_validates_as_the_same_chunks_one_a_rank_do() -> None
     assert got[0]["count"] == want[0]["count"] > 0 and got[0]["correct"] == want[0]["correct"]
     assert got[0]["loss_sum"] == pytest.approx(want[0]["loss_sum"], rel=1e-9)
     assert summary(chunked, interleaved_plan([3, 6, 9], 2, 2, batch, m))["validation"][0]["step"] == steps
+
+
+@pytest.mark.timeout(120)
+def test_an_interleaved_run_draws_the_progress_bar_and_its_validation(tmp_path: Path) -> None:
+    # The rank of the last chunk draws the bar from that chunk's rows, as the last stage's worker does.
+    path = tmp_path / "plan.json"
+    save_plan(interleaved_plan([3, 6, 9], 2, 2, 8, 4), path)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "pdrun"), str(path), "--steps", "3", "--lr", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "3/3" in done.stderr and "samples/s" in done.stderr, done.stderr
+    assert "epoch 0: val loss" in done.stderr, done.stderr
 
 
 def test_interleaved_refuses_a_chunk_skip_before_training() -> None:
