@@ -48,9 +48,9 @@ from shared.simulate import Costs, simulate
 
 # Units simulated: enough steps that the quartile window of shared.simulate is steady state.
 # A flushing schedule's steps repeat exactly (each drains), so 4 steps give the per-unit time of
-# 16 to 1e-14 (PipeDream's AlexNet, VGG16, ResNet-18, GNMT, SqueezeNet on 2 to 8 workers: tests/
-# test_schedule_sim.py); 2bw does not drain, and at 4 steps its warm-up still shows (up to 42%
-# off AlexNet on 8 workers), at 8 within 0.3% of 16. The planner's search simulates dozens of
+# 16 to 1e-14 (PipeDream's AlexNet, VGG16, ResNet-18, GNMT, SqueezeNet on 2 to 8 workers; tests/
+# test_plan_schedule_sim.py holds it against 32 steps); 2bw does not drain, and at 4 steps its
+# warm-up still shows (up to 42% off AlexNet on 8 workers), at 8 within 0.3% of 16. The planner's search simulates dozens of
 # programs per plan, so fewer units is start-up time saved (pdplan on AlexNet, issue 19).
 MIN_STEPS = 16
 FLUSH_STEPS = 4

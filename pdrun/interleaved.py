@@ -234,18 +234,7 @@ def train_interleaved(
     n = len(plan.stages) // plan.virtual_stages
     model = build_model(plan, cfg, device, dtype)
     part = model.part
-    val_units = (
-        Units(
-            model.val_set,
-            plan.batch_size,
-            cfg.seed,
-            shuffle=False,
-            name=f"validation set of {plan.spec.data}",
-            pad=True,
-        )
-        if model.val_set is not None and cfg.validate
-        else None
-    )
+    val_units = validation.units(model.val_set, plan, cfg)
     shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
     segs = segments(plan, cfg, model.units.per_epoch)
     # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.

@@ -114,18 +114,12 @@ def _train(
     show = s == model.part.last and replica == 0  # one worker of the last stage draws the bar
     progress = Progress(cfg, show, segs.steps)
     worker = build_worker(env, plan, cfg, model, (s, replica), transport, dtype, on_step=progress.step)
-    spec, stage, part = plan.spec, worker.config.stage, worker.config.part
+    stage, part = worker.config.stage, worker.config.part
     val_set = model.val_set
     del model  # what is left of it: this rank keeps its stage
     base, resumed = run_checkpoint.resume_point(cfg)
-    val_units = (
-        Units(
-            val_set, plan.batch_size, cfg.seed, shuffle=False, name=f"validation set of {spec.data}", pad=True
-        )
-        if val_set is not None and cfg.validate
-        else None
-    )
-    validation: list[dict[str, Any]] = []
+    val_units = validation.units(val_set, plan, cfg)
+    passes: list[dict[str, Any]] = []
     written: list[int] = []
     pipe = pipeline_of(plan, part)
     schedule = GENERATORS[plan.schedule]
@@ -157,7 +151,7 @@ def _train(
             last = epoch == len(segs.lengths) - 1
             if val_units is not None and (segs.epochs or last):
                 entry = _validate(worker, val_units, pipe, epoch)
-                validation.append(entry)
+                passes.append(entry)
                 progress.validated(entry)
             if cfg.checkpoint_dir:
                 save_checkpoint()
@@ -173,7 +167,7 @@ def _train(
         wall_s=time.perf_counter() - t_start,
         rows=worker.step_rows,
         events=worker.events if cfg.trace else [],
-        validation=validation,
+        validation=passes,
         versions=worker.version_log,
         max_versions=worker.config.versions.max_held,
         params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()}

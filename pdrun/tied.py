@@ -106,10 +106,7 @@ class TiedGradients:
         The copies one rank holds add up here first; the group's all-reduce adds the other ranks'.
         """
         for group, weight, ties in self.groups:
-            grads = [
-                torch.stack([p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]).sum(0)
-                for copies in ties
-            ]
+            grads = [_local_sum(copies) for copies in ties]
             flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire)
             if weight != 1.0:
                 flat.mul_(weight)
@@ -121,6 +118,12 @@ class TiedGradients:
                     g = flat[offset : offset + n].view_as(p).to(p.device)
                     p.grad = g if len(copies) == 1 else g.clone()  # a rank's copies keep grads of their own
                 offset += n
+
+
+def _local_sum(copies: list[nn.Parameter]) -> torch.Tensor:
+    """The gradient of a tie's copies on this rank: the one copy's as it is, or several added up."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]
+    return grads[0] if len(grads) == 1 else torch.stack(grads).sum(0)
 
 
 def tied_gradients(

@@ -11,7 +11,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pdrun.config import RunConfig
+from pdrun.data import Units
 from pdrun.worker import Worker
+from shared.plan import Plan
+
+
+def units(val_set: Any, plan: Plan, cfg: RunConfig) -> Units | None:
+    """The validation split in the plan's batches, unshuffled, a last partial batch padded; None without one."""
+    if val_set is None or not cfg.validate:
+        return None
+    name = f"validation set of {plan.spec.data}"
+    return Units(val_set, plan.batch_size, cfg.seed, shuffle=False, name=name, pad=True)
 
 
 def entry(worker: Worker, sums: tuple[float, int, int, int], epoch: int) -> dict[str, Any]:
