@@ -270,12 +270,17 @@ def chunked_costs(costs: Costs, chunks: int) -> Costs:
     Forward and backward stay per virtual stage (``Costs.chunks``); a worker steps all its
     chunks at once, so its step costs their sum; a transfer between two workers costs the
     most that any boundary of chunks between them carries (they differ by boundary, and the
-    simulator keys a link by the pair of workers); a tie joins the workers of its chunks.
+    simulator keys a link by the pair of workers); a tie joins the workers of its chunks. With
+    replicas, a worker's all-reduce is its chunks' in turn, so it costs their sum.
     """
     n = len(costs.forward) // chunks
-    step = [
-        sum(costs.step[c * n + w] for c in range(chunks) if c * n + w < len(costs.step)) for w in range(n)
-    ]
+
+    def per_worker(per_chunk: Sequence[float]) -> list[float]:
+        return [
+            sum(per_chunk[c * n + w] for c in range(chunks) if c * n + w < len(per_chunk)) for w in range(n)
+        ]
+
+    step = per_worker(costs.step)
     transfer: dict[tuple[int, int], float] = {}
     for (a, b), t in costs.transfer.items():
         key = (min(a % n, b % n), max(a % n, b % n))
@@ -287,7 +292,9 @@ def chunked_costs(costs: Costs, chunks: int) -> Costs:
         workers = tuple(sorted({v % n for v in stages}))
         if len(workers) > 1:
             ties.append((workers, seconds))
-    return replace(costs, transfer=transfer, allreduce=[0.0] * n, step=step, chunks=chunks, ties=ties)
+    # With replicas, every chunk all-reduces among its stage's replicas, one after another (pdrun).
+    allreduce = per_worker(costs.allreduce)
+    return replace(costs, transfer=transfer, allreduce=allreduce, step=step, chunks=chunks, ties=ties)
 
 
 def split_backward(costs: Costs) -> Costs:

@@ -98,13 +98,14 @@ def build_worker(
     comm: Transport,
     dtype: torch.dtype,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    group: Any = None,
 ) -> Worker:
     """The worker of stage ``where[0]``, replica ``where[1]``, on this rank (restored on ``--resume``).
 
     An interleaved chunk's stage is its virtual stage. ``on_step`` is called with each step's
-    metrics row (the progress bar). Chunks (``plan.virtual_stages > 1``) get no replicas'
-    groups yet; their rank sums tied gradients and tracks its memory once, for all of them
-    (``pdrun.interleaved``).
+    metrics row (the progress bar). A chunk (``plan.virtual_stages > 1``) is given its virtual
+    stage's replicas' ``group``, made with every other stage's before any chunk is built; its
+    rank sums tied gradients and tracks its memory once, for all of its chunks (``pdrun.interleaved``).
     """
     s, replica = where
     device = comm.device
@@ -120,10 +121,10 @@ def build_worker(
     place(stage.module, device, plan.spec.trace)
     if model.channels_last:
         module_to_channels_last(stage.module)
-    group, tied = None, None
+    tied = None
     if not chunked:
         peak.start(device, stage.module)  # the run's memory from here: the stage's, not the whole model's
-        group = replica_groups(plan, s)
+        group = replica_groups(plan)[s]
         tied = tied_gradients(
             plan, ties, {s: stage.module}, comm.wire
         )  # after the replicas' groups, on every rank
@@ -176,15 +177,11 @@ def build_worker(
     return Worker(config, comm)
 
 
-def replica_groups(plan: Plan, s: int) -> Any:
-    """The process group of stage ``s``'s replicas (None for one replica).
+def replica_groups(plan: Plan) -> list[Any]:
+    """Each stage's process group of its replicas (None for one replica), by stage.
 
-    Every rank makes every stage's group, in the same order, even those it is outside of.
+    Every rank makes every stage's group, in the same order, even those it is outside of
+    (``dist.new_group`` is collective). An interleaved plan's chunks are stages: each gets a
+    group of its own over its worker's ranks, so the chunks' all-reduces never share one.
     """
-    group = None
-    for idx, st in enumerate(plan.stages):
-        if st.replicas > 1:
-            g = dist.new_group(st.ranks)
-            if idx == s:
-                group = g
-    return group
+    return [dist.new_group(st.ranks) if st.replicas > 1 else None for st in plan.stages]

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from pdrun import peak, run_checkpoint, validation
-from pdrun.build_worker import build_model, build_worker
+from pdrun.build_worker import build_model, build_worker, replica_groups
 from pdrun.config import RunConfig
 from pdrun.data import Units
 from pdrun.env import DistEnv
@@ -75,17 +75,21 @@ def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
 
     A compute op runs on its chunk. A send goes from the sender's chunk (its label) to the
     next (activations) or previous (gradients) virtual stage; a receive is labelled with the
-    sender's chunk, so its own chunk is the virtual stage after (before) the sender's.
+    sender's chunk, so its own chunk is the virtual stage after (before) the sender's. The
+    peer keeps its replica: a unit stays on one replica index through every chunk.
     """
     n = stages
     if ins.kind in SENDS:
+        assert ins.peer is not None
         v = ins.chunk * n + stage
-        return ins.chunk, Instr(ins.kind, ins.unit, (v + 1 if ins.kind is Kind.SEND_ACT else v - 1, 0))
+        return ins.chunk, Instr(
+            ins.kind, ins.unit, (v + 1 if ins.kind is Kind.SEND_ACT else v - 1, ins.peer[1])
+        )
     if ins.kind in RECVS:
         assert ins.peer is not None
         sender = ins.chunk * n + ins.peer[0]
         v = sender + 1 if ins.kind is Kind.RECV_ACT else sender - 1
-        return v // n, Instr(ins.kind, ins.unit, (sender, 0))
+        return v // n, Instr(ins.kind, ins.unit, (sender, ins.peer[1]))
     if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT):
         return ins.chunk, Instr(ins.kind, ins.unit)
     return ALL_CHUNKS, ins
@@ -168,34 +172,42 @@ def _thread_names(chunks: list[Worker], rank: int) -> list[dict[str, Any]]:
     ]
 
 
-def forward_only_stream(stage: int, workers: int, chunks: int, units: int) -> Iterator[Instr]:
-    """The validation pass of rank ``stage``, as its training stream names instructions ([Note: chunks]).
+def forward_only_stream(
+    worker: tuple[int, int], replicas: int, workers: int, chunks: int, units: int
+) -> Iterator[Instr]:
+    """The validation pass of rank ``worker`` (stage, replica), as its training stream names instructions.
 
     Unit by unit, each of the rank's chunks in turn: the receive from the virtual stage before
-    (labelled with the sender's chunk), the forward, the send to the virtual stage after. A unit
-    goes through all V x S virtual stages before the next starts, so the messages between two
-    ranks come in the order both ends read them, whatever the chunk; unpipelined, as a pass
-    once an epoch can be.
+    (labelled with the sender's chunk, [Note: chunks]), the forward, the send to the virtual
+    stage after. A unit goes through all V x S virtual stages before the next starts, so the
+    messages between two ranks come in the order both ends read them, whatever the chunk;
+    unpipelined, as a pass once an epoch can be. With ``replicas`` per stage, a replica runs
+    the units it owns in training (``u % replicas``), its peers of the same replica.
     """
+    stage, replica = worker
     last = chunks * workers - 1
-    for u in range(units):
+    for u in range(replica, units, replicas):
         for c in range(chunks):
             v = c * workers + stage
             if v > 0:
-                yield Instr(Kind.RECV_ACT, u, ((v - 1) % workers, 0), (v - 1) // workers)
+                yield Instr(Kind.RECV_ACT, u, ((v - 1) % workers, replica), (v - 1) // workers)
             yield Instr(Kind.FORWARD, u, None, c)
             if v < last:
-                yield Instr(Kind.SEND_ACT, u, ((v + 1) % workers, 0), c)
+                yield Instr(Kind.SEND_ACT, u, ((v + 1) % workers, replica), c)
 
 
 def validate_chunks(
-    chunks: list[Worker], comm: Transport, units: Units, stage: int, workers: int
+    chunks: list[Worker], comm: Transport, units: Units, worker: tuple[int, int], workers: int
 ) -> tuple[float, int, int, int]:
-    """:meth:`pdrun.worker.Worker.validate` for a rank's chunks: (loss sum, correct, samples, scored)."""
+    """:meth:`pdrun.worker.Worker.validate` for a rank's chunks: (loss sum, correct, samples, scored).
+
+    The sums are this replica's; ``pdrun.validation.entry`` adds the other replicas'."""
     tally = Tally()
+    stage = worker[0]
     for w in chunks:
         w.config.stage.module.eval()  # dropout off, BatchNorm on its running statistics
-    for ins in forward_only_stream(stage, workers, len(chunks), units.per_epoch):
+    replicas = len(chunks[0].config.peers.ranks[chunks[0].s])  # every stage has as many
+    for ins in forward_only_stream(worker, replicas, workers, len(chunks), units.per_epoch):
         c, vins = virtual_instr(ins, stage, workers)
         chunks[c].val_instr(vins, units, tally)
     comm.drain()
@@ -239,10 +251,19 @@ def train_interleaved(
     segs = segments(plan, cfg, model.units.per_epoch)
     # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.
     last = len(plan.stages) - 1
-    progress = Progress(cfg, last % n == s, segs.steps)
+    progress = Progress(cfg, last % n == s and replica == 0, segs.steps)
+    groups = replica_groups(plan)  # every chunk's, on every rank, before any chunk is built
     chunks = [
         build_worker(
-            env, plan, cfg, model, (v, 0), shared, dtype, on_step=progress.step if v == last else None
+            env,
+            plan,
+            cfg,
+            model,
+            (v, replica),
+            shared,
+            dtype,
+            on_step=progress.step if v == last else None,
+            group=groups[v],
         )
         for v in range(s, len(plan.stages), n)
     ]
@@ -277,13 +298,15 @@ def train_interleaved(
         for epoch, length in enumerate(segs.lengths):
             end = base + length
             for units in cut_at(length, base, every):
-                program = worker_program(schedule, pipe, (s, 0), units)
+                program = worker_program(schedule, pipe, (s, replica), units)
                 run_chunks(chunks, comm, program, s, n, base, events, tied)
                 base += units
                 if cfg.checkpoint_dir and every and base % every == 0 and base < end:
                     save()  # the segment's end checkpoints after validation, below
             if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
-                entry = validation.entry(shown, validate_chunks(chunks, comm, val_units, s, n), epoch)
+                entry = validation.entry(
+                    shown, validate_chunks(chunks, comm, val_units, (s, replica), n), epoch
+                )
                 done.append(entry)
                 progress.validated(entry)
             if cfg.checkpoint_dir:

@@ -43,28 +43,31 @@ def virtual_stage(pipe: Pipeline, stage: int, chunk: int) -> int:
     return chunk * pipe.stages + stage
 
 
-def lower_chunked(pipe: Pipeline, stage: int, ops: Iterable[Instr]) -> Iterator[Instr]:
+def lower_chunked(pipe: Pipeline, worker: Worker, ops: Iterable[Instr]) -> Iterator[Instr]:
     """:func:`shared.schedule.lower` over virtual stages: a chunk's neighbours are the adjacent virtual stages.
 
     Virtual stage v receives activations from v - 1 and sends them to v + 1; gradients go
-    back the other way. A message carries its sender's chunk ([Note: chunks]).
+    back the other way. A message carries its sender's chunk ([Note: chunks]). With replicas,
+    every stage has the same number and a unit stays on one replica index throughout
+    (``pipe.owner``), so the worker's peers are of its own replica.
     """
+    stage, replica = worker
     n = pipe.stages
     last = n * pipe.chunks - 1
     for ins in ops:
         u, v = ins.unit, virtual_stage(pipe, stage, ins.chunk)
         if ins.kind is Kind.FORWARD:
             if v > 0:
-                yield Instr(Kind.RECV_ACT, u, ((v - 1) % n, 0), (v - 1) // n)
+                yield Instr(Kind.RECV_ACT, u, ((v - 1) % n, replica), (v - 1) // n)
             yield ins
             if v < last:
-                yield Instr(Kind.SEND_ACT, u, ((v + 1) % n, 0), ins.chunk)
+                yield Instr(Kind.SEND_ACT, u, ((v + 1) % n, replica), ins.chunk)
         elif ins.kind is Kind.BACKWARD:
             if v < last:
-                yield Instr(Kind.RECV_GRAD, u, ((v + 1) % n, 0), (v + 1) // n)
+                yield Instr(Kind.RECV_GRAD, u, ((v + 1) % n, replica), (v + 1) // n)
             yield ins
             if v > 0:
-                yield Instr(Kind.SEND_GRAD, u, ((v - 1) % n, 0), ins.chunk)
+                yield Instr(Kind.SEND_GRAD, u, ((v - 1) % n, replica), ins.chunk)
         else:
             yield ins
 
@@ -108,8 +111,12 @@ def interleaved_order(
 class InterleavedOneFOneB(_Flush):
     """``interleaved-1f1b``: V model chunks per worker, flushed every ``microbatches`` units (SC'21).
 
-    Needs one replica per stage, the chain of stages, at least 2 stages and 2 chunks, and
-    microbatches a multiple of the stages (the order goes in groups of S microbatches).
+    Needs the chain of stages, at least 2 stages and 2 chunks, the same number of replicas
+    ``n`` at every stage, and microbatches a multiple of ``n x S``. With replicas the step's
+    units are dealt round-robin, unit u to replica ``u % n`` of every stage (PipeDream's rule),
+    so each replica index is a pipeline of its own over ``M / n`` microbatches, in groups of S,
+    and the step ends in each chunk's all-reduce among its stage's replicas: Megatron-LM's
+    data-parallel copies of an interleaved pipeline.
 
     [Note: interleaved timeline] 2 stages, 2 chunks, 4 microbatches, f = b = 1 slot per
     chunk (``F3.1`` is microbatch 3 on chunk 1; the virtual stages run s0 s1 s0 s1):
@@ -132,29 +139,33 @@ class InterleavedOneFOneB(_Flush):
             )
         if pipe.stages < 2:
             raise ScheduleError(f"stages: {self.name} needs at least 2 stages, got {pipe.stages}")
-        if any(n != 1 for n in pipe.replicas):
+        if len(set(pipe.replicas)) != 1:
             raise ScheduleError(
-                f"replicas: {self.name} runs one replica per stage, got {list(pipe.replicas)}"
+                f"replicas: {self.name} runs the same number of replicas at every stage (each replica "
+                f"index a pipeline of its own), got {list(pipe.replicas)}"
             )
         if pipe.edges != tuple((s, s + 1) for s in range(pipe.stages - 1)):
             raise ScheduleError(f"stage_edges: {self.name} runs a chain of stages, got {list(pipe.edges)}")
-        if pipe.microbatches % pipe.stages:
-            m, n = pipe.microbatches, pipe.stages
+        group = pipe.stages * pipe.replicas[0]
+        if pipe.microbatches % group:
+            m, n, r = pipe.microbatches, pipe.stages, pipe.replicas[0]
+            why = f"the {n} stages" if r == 1 else f"{r} replicas x {n} stages"
             raise ScheduleError(
-                f"microbatches: {m} is not a multiple of the {n} stages ({self.name} runs microbatches "
-                f"in groups of {n}); use {max(n, m - m % n)}"
+                f"microbatches: {m} is not a multiple of {why} ({self.name} runs each replica's microbatches "
+                f"in groups of {n}); use {max(group, m - m % group)}"
             )
 
     def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
-        stage = worker[0]
-        m = pipe.microbatches
+        stage, replica = worker
+        m, n = pipe.microbatches, pipe.replicas[stage]
         for start in range(first, stop, m):
-            for kind, mb, chunk in interleaved_order(pipe.stages, pipe.chunks, m, stage):
-                yield Instr(kind, start + mb, None, chunk)
-            yield from end_step(pipe, stage, start + m - 1)  # S alone: one replica per stage
+            # The replica's k-th microbatch of the step is the step's unit k n + replica.
+            for kind, k, chunk in interleaved_order(pipe.stages, pipe.chunks, m // n, stage):
+                yield Instr(kind, start + k * n + replica, None, chunk)
+            yield from end_step(pipe, stage, start + m - 1)
 
     def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
-        return lower_chunked(pipe, worker[0], self.compute(pipe, worker, first, stop))
+        return lower_chunked(pipe, worker, self.compute(pipe, worker, first, stop))
 
 
 # ---------------------------------------------------------------------------- zero bubble

@@ -270,3 +270,12 @@ def test_a_tie_across_chunks_joins_the_workers_that_hold_them() -> None:
     tied = replace(Costs.uniform(4), ties=[((0, 3), 0.25), ((0, 2), 0.5)])
     chunked = chunked_costs(tied, 2)
     assert list(chunked.ties) == [((0, 1), 0.25)]
+
+
+def test_a_replicated_workers_all_reduce_is_its_chunks_in_turn() -> None:
+    # 2 workers x 2 chunks, each chunk replicated: pdrun all-reduces chunk after chunk, so a
+    # worker's all-reduce costs the sum of its chunks' (virtual stages w and 2 + w).
+    costs = replace(Costs.uniform(4), allreduce=[0.5, 0.25, 2.0, 1.0], step=[1.0, 2.0, 3.0, 4.0])
+    chunked = chunked_costs(costs, 2)
+    assert list(chunked.allreduce) == [2.5, 1.25]
+    assert list(chunked.step) == [4.0, 6.0]

@@ -39,15 +39,24 @@ DEEPER_BLOCKS = [4, 8, 12, 16, 20, 24, 28]
 
 
 def interleaved_plan(
-    cuts: list[int], workers: int, chunks: int, batch: int, microbatches: int, spec: RunSpec = RESMLP
+    cuts: list[int],
+    workers: int,
+    chunks: int,
+    batch: int,
+    microbatches: int,
+    spec: RunSpec = RESMLP,
+    replicas: int = 1,
 ) -> Plan:
-    """``cut_plan``'s V x S stages as chunks: stage v on worker v % S's rank."""
+    """``cut_plan``'s V x S stages as chunks: stage v on worker v % S's ranks (``replicas`` of them)."""
     flat = cut_plan(spec, cuts, batch_size=batch, schedule="1f1b-flush", microbatches=microbatches)
     assert len(flat.stages) == workers * chunks
     data = flat.model_dump()
     for v, stage in enumerate(data["stages"]):
-        stage["ranks"] = [v % workers]
-    data.update(schedule="interleaved-1f1b", virtual_stages=chunks, world_size=workers, in_flight=workers)
+        stage["replicas"] = replicas
+        stage["ranks"] = [v % workers * replicas + r for r in range(replicas)]
+    data.update(
+        schedule="interleaved-1f1b", virtual_stages=chunks, world_size=workers * replicas, in_flight=workers
+    )
     return Plan.model_validate(data)
 
 
@@ -87,6 +96,36 @@ def test_interleaved_equals_sequential(
     for r in results:
         timed = sum(row["compute_s"] + row["comm_s"] + row["idle_s"] for row in r.rows)
         assert timed >= 0.8 * sum(row["wall_s"] for row in r.rows), (r.rank, timed)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("workers", "replicas", "m"), [(2, 2, 4), (2, 2, 8)])
+def test_replicated_interleaved_equals_sequential(workers: int, replicas: int, m: int) -> None:
+    # Each stage's replicas split the step's microbatches (unit u on replica u % n) and all-reduce
+    # every chunk's gradient before the step: one process's training with batch M x batch size.
+    batch, steps, seed, lr = 8, 4, 6, 0.2
+    plan = interleaved_plan([3, 6, 9], workers, 2, batch, m, replicas=replicas)
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=True)
+    results = launch(plan, cfg)
+    assert results is not None and len(results) == workers * replicas
+    initial, want = sequential(
+        RESMLP, steps=steps, batch=batch * m, seed=seed, dtype=torch.float64, lr=lr, momentum=0.9
+    )
+    assert_same(pipeline_params(results), want, 1e-6)
+    for r in range(1, replicas):  # every replica ends with the same weights, one process's
+        assert_same({k: p for x in results if x.replica == r for k, p in x.params.items()}, want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    assert all(r.steps == steps and r.units == steps * m for r in results)
+    assert all(r.replica_sum for r in results)  # every rank all-reduced with its stage's other replica
+    # Validation: each replica scores its own units; the sums over the replicas are the whole set's.
+    flat = launch(cut_plan(RESMLP, [3, 6, 9], batch_size=batch, schedule="1f1b-flush", microbatches=m), cfg)
+    assert flat is not None
+    got = [r.validation for r in results if r.stage == len(plan.stages) - 1]
+    want_val = next(r for r in flat if r.stage == 3).validation
+    assert len(got) == replicas and all(len(v) == 1 for v in got)
+    for v in got:
+        assert v[0]["count"] == want_val[0]["count"] > 0 and v[0]["correct"] == want_val[0]["correct"]
+        assert v[0]["loss_sum"] == pytest.approx(want_val[0]["loss_sum"], rel=1e-9)
 
 
 @pytest.mark.timeout(120)

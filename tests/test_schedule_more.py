@@ -150,6 +150,41 @@ def test_interleaved_invariants_and_bubble(stages: int, chunks: int, groups: int
 
 
 @pytest.mark.parametrize(
+    ("stages", "replicas", "chunks"), [(2, 2, 2), (2, 3, 2), (3, 2, 2), (2, 2, 3), (4, 2, 2)]
+)
+def test_replicated_interleaved_is_a_pipeline_per_replica_index(
+    stages: int, replicas: int, chunks: int
+) -> None:
+    # Unit u runs on replica u % n of every stage, through every chunk; each replica index is the
+    # unreplicated pipeline over M / n microbatches, and a step ends in an all-reduce then the step.
+    m = 2 * stages * replicas
+    program = build_program("interleaved-1f1b", [replicas] * stages, 2 * m, microbatches=m, chunks=chunks)
+    validate_program(program)
+    alone = build_program(
+        "interleaved-1f1b", [1] * stages, 2 * m // replicas, microbatches=m // replicas, chunks=chunks
+    )
+    for (stage, r), instrs in program.items():
+        own = sorted((u, c) for u in range(r, 2 * m, replicas) for c in range(chunks))
+        assert sorted(_keys(instrs, Kind.FORWARD)) == own and sorted(_keys(instrs, Kind.BACKWARD)) == own
+        assert all(i.peer is None or i.peer[1] == r for i in instrs)  # peers of its own replica
+        ends = [(i.kind, i.unit) for i in instrs if i.kind in (Kind.ALLREDUCE, Kind.STEP)]
+        assert ends == [
+            (Kind.ALLREDUCE, m - 1),
+            (Kind.STEP, m - 1),
+            (Kind.ALLREDUCE, 2 * m - 1),
+            (Kind.STEP, 2 * m - 1),
+        ]
+        # The same order as the unreplicated pipeline's, unit k of the replica being unit k n + r.
+        mine = [(i.kind, i.unit, i.chunk) for i in instrs if i.kind in (Kind.FORWARD, Kind.BACKWARD)]
+        one = [
+            (i.kind, i.unit * replicas + r, i.chunk)
+            for i in alone[(stage, 0)]
+            if i.kind in (Kind.FORWARD, Kind.BACKWARD)
+        ]
+        assert mine == one
+
+
+@pytest.mark.parametrize(
     "replicas", [(1,), (1, 1), (1, 1, 1), (1, 1, 1, 1), (1,) * 6, (2, 1), (1, 2, 1), (3, 1, 1)]
 )
 @pytest.mark.parametrize("microbatches", [1, 2, 3, 4, 6, 8])
@@ -224,8 +259,13 @@ def test_2bw_version_is_one_step_late() -> None:
     ("schedule", "kwargs", "message"),
     [
         ("interleaved-1f1b", {"chunks": 1}, "at least 2 model chunks"),
-        ("interleaved-1f1b", {"replicas": [2, 1]}, "one replica per stage"),
+        ("interleaved-1f1b", {"replicas": [2, 1]}, "same number of replicas at every stage"),
         ("interleaved-1f1b", {"microbatches": 3, "units": 6}, "not a multiple of the 2 stages"),
+        (
+            "interleaved-1f1b",
+            {"replicas": [2, 2], "microbatches": 6, "units": 12},
+            r"6 is not a multiple of 2 replicas x 2 stages.*use 4",
+        ),
         ("interleaved-1f1b", {"replicas": [1]}, "at least 2 stages"),
         ("interleaved-1f1b", {"replicas": [1, 1, 1], "stage_edges": [(0, 1), (1, 2), (0, 2)]}, "chain"),
         ("1f1b-flush", {}, "runs one model chunk per worker, not 2"),
@@ -270,7 +310,12 @@ def test_chunked_message_mismatch_is_rejected() -> None:
 
 @pytest.mark.parametrize(
     ("schedule", "replicas", "microbatches", "chunks"),
-    [("interleaved-1f1b", (1, 1, 1), 6, 2), ("zb-h1", (2, 1, 1), 4, 1), ("2bw", (1, 2, 1), 4, 1)],
+    [
+        ("interleaved-1f1b", (1, 1, 1), 6, 2),
+        ("interleaved-1f1b", (2, 2), 8, 2),
+        ("zb-h1", (2, 1, 1), 4, 1),
+        ("2bw", (1, 2, 1), 4, 1),
+    ],
 )
 def test_window_validation_stands_for_a_long_run(
     schedule: str, replicas: tuple[int, ...], microbatches: int, chunks: int
