@@ -611,6 +611,23 @@ def build_program(
     return {w: list(gen.program(pipe, w, 0, units)) for w in pipe.workers()}
 
 
+def compute_program(
+    schedule: str,
+    replicas: Sequence[int],
+    units: int,
+    *,
+    microbatches: int = 1,
+    in_flight: int | None = None,
+    chunks: int = 1,
+) -> Program:
+    """:func:`build_program`'s compute and step instructions only, no messages: what each worker
+    holds and does, in its order (the memory model's reading), for the chain of stages."""
+    gen = get_schedule(schedule)
+    pipe = make_pipeline(schedule, replicas, microbatches=microbatches, in_flight=in_flight, chunks=chunks)
+    gen.check_units(pipe, units)
+    return {w: list(gen.compute(pipe, w, 0, units)) for w in pipe.workers()}
+
+
 def max_in_flight(program: Program) -> dict[Worker, int]:
     """Per worker, the most units forwarded but not yet backwarded at once (activations / stashed weights)."""
     peaks: dict[Worker, int] = {}
