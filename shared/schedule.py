@@ -598,16 +598,7 @@ def build_program(
     them (it contributes no gradient) so that replicas stay identical. ``forward``: the
     validation pass. The same generators as :func:`worker_program`, for every worker.
     """
-    gen = get_schedule(schedule)
-    pipe = make_pipeline(
-        schedule,
-        replicas,
-        microbatches=microbatches,
-        stage_edges=stage_edges,
-        in_flight=in_flight,
-        chunks=chunks,
-    )
-    gen.check_units(pipe, units)
+    gen, pipe = _checked(schedule, replicas, units, microbatches, stage_edges, in_flight, chunks)
     return {w: list(gen.program(pipe, w, 0, units)) for w in pipe.workers()}
 
 
@@ -622,10 +613,31 @@ def compute_program(
 ) -> Program:
     """:func:`build_program`'s compute and step instructions only, no messages: what each worker
     holds and does, in its order (the memory model's reading), for the chain of stages."""
-    gen = get_schedule(schedule)
-    pipe = make_pipeline(schedule, replicas, microbatches=microbatches, in_flight=in_flight, chunks=chunks)
-    gen.check_units(pipe, units)
+    gen, pipe = _checked(schedule, replicas, units, microbatches, None, in_flight, chunks)
     return {w: list(gen.compute(pipe, w, 0, units)) for w in pipe.workers()}
+
+
+def _checked(
+    schedule: str,
+    replicas: Sequence[int],
+    units: int,
+    microbatches: int,
+    stage_edges: Sequence[tuple[int, int]] | None,
+    in_flight: int | None,
+    chunks: int,
+) -> tuple[Schedule, Pipeline]:
+    """The schedule's generator and its pipeline, both checked for a program of ``units`` units."""
+    gen = get_schedule(schedule)
+    pipe = make_pipeline(
+        schedule,
+        replicas,
+        microbatches=microbatches,
+        stage_edges=stage_edges,
+        in_flight=in_flight,
+        chunks=chunks,
+    )
+    gen.check_units(pipe, units)
+    return gen, pipe
 
 
 def max_in_flight(program: Program) -> dict[Worker, int]:
