@@ -70,7 +70,7 @@ from collections.abc import Sequence
 
 from shared.graph import LayerGraph
 from shared.plan import Plan, StageMemory
-from shared.schedule import Instr, Kind, ScheduleError, compute_program, max_in_flight
+from shared.schedule import Instr, Kind, ScheduleError, build_program, max_in_flight
 
 # Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
 # momentum is set; Adam keeps exp_avg and exp_avg_sq).
@@ -164,7 +164,7 @@ def _held(
 ) -> tuple[int, ...]:
     """Read off the program pdrun runs, over enough units that the peak is reached: one flush
     step, or a 1F1B run well past its warm-up at every stage. Its compute instructions alone
-    (``compute_program``) tell what is held; the messages around them do not change it, and
+    (``messages=False``) tell what is held; the messages around them do not change it, and
     leaving them out makes the schedule search's memory checks about twice as fast."""
     period = math.lcm(*replicas, microbatches)
     if schedule == "1f1b":
@@ -176,8 +176,14 @@ def _held(
         wanted = microbatches
     units = -(-wanted // period) * period
     try:
-        program = compute_program(
-            schedule, replicas, units, microbatches=microbatches, in_flight=in_flight, chunks=chunks
+        program = build_program(
+            schedule,
+            replicas,
+            units,
+            microbatches=microbatches,
+            in_flight=in_flight,
+            chunks=chunks,
+            messages=False,
         )
     except ScheduleError:
         # Options this schedule refuses (pdplan.more_schedules fixes them after the DP): all M held.

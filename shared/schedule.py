@@ -587,6 +587,7 @@ def build_program(
     stage_edges: Sequence[tuple[int, int]] | None = None,
     in_flight: int | None = None,
     chunks: int = 1,
+    messages: bool = True,
 ) -> Program:
     """Every worker's instructions for ``units`` units of ``schedule``, materialised (drawing, simulation).
 
@@ -597,36 +598,9 @@ def build_program(
     labelled with the step's last unit; a replica with no unit in a step still joins
     them (it contributes no gradient) so that replicas stay identical. ``forward``: the
     validation pass. The same generators as :func:`worker_program`, for every worker.
+    ``messages=False``: the compute and step instructions alone, not lowered (what each
+    worker holds and does, in its order: the memory model's reading).
     """
-    gen, pipe = _checked(schedule, replicas, units, microbatches, stage_edges, in_flight, chunks)
-    return {w: list(gen.program(pipe, w, 0, units)) for w in pipe.workers()}
-
-
-def compute_program(
-    schedule: str,
-    replicas: Sequence[int],
-    units: int,
-    *,
-    microbatches: int = 1,
-    in_flight: int | None = None,
-    chunks: int = 1,
-) -> Program:
-    """:func:`build_program`'s compute and step instructions only, no messages: what each worker
-    holds and does, in its order (the memory model's reading), for the chain of stages."""
-    gen, pipe = _checked(schedule, replicas, units, microbatches, None, in_flight, chunks)
-    return {w: list(gen.compute(pipe, w, 0, units)) for w in pipe.workers()}
-
-
-def _checked(
-    schedule: str,
-    replicas: Sequence[int],
-    units: int,
-    microbatches: int,
-    stage_edges: Sequence[tuple[int, int]] | None,
-    in_flight: int | None,
-    chunks: int,
-) -> tuple[Schedule, Pipeline]:
-    """The schedule's generator and its pipeline, both checked for a program of ``units`` units."""
     gen = get_schedule(schedule)
     pipe = make_pipeline(
         schedule,
@@ -637,7 +611,8 @@ def _checked(
         chunks=chunks,
     )
     gen.check_units(pipe, units)
-    return gen, pipe
+    make = gen.program if messages else gen.compute
+    return {w: list(make(pipe, w, 0, units)) for w in pipe.workers()}
 
 
 def max_in_flight(program: Program) -> dict[Worker, int]:
