@@ -3,10 +3,10 @@
 Runs, in order: pdrun against the alternatives (``bench.bench_runtime``), the planner's
 prediction against pdrun's measurement (``bench.bench_predict``), the memory model against
 pdrun's measured peaks (``bench.bench_memory``), time to accuracy
-(``bench.bench_accuracy``), start-up against the run's length (``bench.bench_startup``), the
-command lines' own start-up (``bench.bench_cli``), and
+(``bench.bench_accuracy``), start-up against the run's length (``bench.bench_startup``), and
 the planner's and profiler's own benchmarks (``bench.bench_planner``, ``bench.bench_profiler``)
-when they are present. A benchmark that fails is reported in RESULTS.md with its error; the
+when they are present; the command lines' own start-up (``bench.bench_cli``) takes a round before
+the first and one after each, so its rounds are spread over the run. A benchmark that fails is reported in RESULTS.md with its error; the
 others still run. Artifacts (graphs, plans, run metrics) go to ``bench/out/``.
 
     python -m bench.run_all            # the full run (about 10-15 minutes on 2 CPU cores)
@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import host, plots, reproduce
+from bench import bench_cli, host, plots, reproduce
 from bench.measure import Figure, Report, judged
 from shared.cli import console
 from shared.io import atomic_write_bytes
@@ -297,6 +297,12 @@ def write_results(
     return "\n".join(lines)
 
 
+def _cli_report(cli: bench_cli.Rounds, work: Path) -> Report:
+    report = cli.report("one before the first benchmark and one after each")
+    report.save(work / "bench_cli.json")
+    return report
+
+
 def _torch_version() -> str:
     import torch
 
@@ -316,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these: runtime predict memory accuracy startup cli planner planner_auto profiler",
     )
     args = parser.parse_args(argv)
-    from bench import bench_accuracy, bench_cli, bench_memory, bench_predict, bench_runtime, bench_startup
+    from bench import bench_accuracy, bench_memory, bench_predict, bench_runtime, bench_startup
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -341,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     log: list[str] = []
     reports: dict[str, Report | None] = {}
     plot_files: dict[str, str] = {}
+    # The command lines' start-up: a round now and one after each benchmark, spread over the run.
+    cli = (
+        bench_cli.Rounds(work, bench_cli.QUICK if args.quick else bench_cli.Config())
+        if "cli" in wanted
+        else None
+    )
+    between = cli.take if cli is not None else (lambda: None)
+    between()
 
     if "runtime" in wanted:
         rep = _run_internal("bench_runtime", lambda: bench_runtime.main(["--work", str(work), *quick]), log)
@@ -348,15 +362,18 @@ def main(argv: list[str] | None = None) -> int:
             rep.plots.append(plots.throughput(rep.tables["throughput"], PLOTS / "throughput.png"))
             rep.plots.append(plots.breakdown(rep.tables["where_time_goes"], PLOTS / "where_time_goes.png"))
         reports["runtime"] = rep
+        between()
     if "predict" in wanted:
         rep = _run_internal("bench_predict", lambda: bench_predict.main(["--work", str(work), *quick]), log)
         if rep is not None:
             rep.plots.append(plots.prediction(rep.tables["prediction"], PLOTS / "prediction.png"))
         reports["predict"] = rep
+        between()
     if "memory" in wanted:
         reports["memory"] = _run_internal(
             "bench_memory", lambda: bench_memory.main(["--work", str(work), *quick]), log
         )
+        between()
     if "accuracy" in wanted:
         acc = _run_internal(
             "bench_accuracy", lambda: bench_accuracy.main(["--work", str(work), *quick])[0], log
@@ -365,22 +382,23 @@ def main(argv: list[str] | None = None) -> int:
             cfg = bench_accuracy.QUICK if args.quick else bench_accuracy.Config()
             acc.plots.append(plots.accuracy(acc.tables["curves"], cfg.target, PLOTS / "time_to_accuracy.png"))
         reports["accuracy"] = acc
+        between()
     if "startup" in wanted:
         reports["startup"] = _run_internal(
             "bench_startup", lambda: bench_startup.main(["--work", str(work), *quick]), log
         )
-    if "cli" in wanted:
-        reports["cli"] = _run_internal(
-            "bench_cli", lambda: bench_cli.main(["--work", str(work), *quick]), log
-        )
+        between()
     external: dict[str, dict[str, Any] | None] = {}
     for name, cmd in EXTERNAL.items():
-        if name.removeprefix("bench_") in wanted:
-            if name == "bench_planner_auto":
-                cmd = [*cmd, "--only", "vgg16"] if args.quick else cmd
-                external[name] = _run_external(name, cmd, 120 if args.quick else 900, log)
-                continue
-            external[name] = _run_external(name, cmd, 120 if args.quick else 300, log)
+        if name.removeprefix("bench_") not in wanted:
+            continue
+        if name == "bench_planner_auto":
+            cmd = [*cmd, "--only", "vgg16"] if args.quick else cmd
+        timeout_s = 120 if args.quick else 900 if name == "bench_planner_auto" else 300
+        external[name] = _run_external(name, cmd, timeout_s, log)
+        between()
+    if cli is not None:
+        reports["cli"] = _run_internal("bench_cli", lambda: _cli_report(cli, work), log)
     planner = external.get("bench_planner")
     if planner is not None and isinstance(planner["result"], list):
         rows = [r for r in planner["result"] if isinstance(r, dict)]
