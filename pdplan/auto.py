@@ -10,8 +10,10 @@ instruction lists pdrun executes) chooses among partition x schedule x microbatc
   workers among its stages); otherwise the DP's best under each cost model and at
   bandwidths scaled down (which favours fewer and cheaper cuts), and balanced splits of a
   topological order into k stages of N / k replicas each, for every k dividing N;
-- schedules: ``1f1b``, ``1f1b-flush`` and ``gpipe``, the flush schedules at every M of
-  :func:`microbatch_range` (or only ``--microbatches M`` when given);
+- schedules: ``1f1b``, ``1f1b-flush``, ``gpipe``, ``zb-h1`` and ``2bw``, the flush schedules at
+  every M of :func:`microbatch_range` (or only ``--microbatches M`` when given); and
+  ``interleaved-1f1b`` on one level of workers, its V x S chunks on S worker stages of r
+  replicas each, for every V of :data:`VIRTUAL_STAGES` and every r dividing the N workers;
 - memory: every stage of a candidate must fit ``--memory`` by the full memory model
   (``pdplan.memory``); candidates that do not fit are not simulated.
 
@@ -199,9 +201,11 @@ class _Search:
                 continue
             self.seen.add(key)
             if part.chunks > 1:
-                # The chunks as straight stages on V x N ranks of the one level (the same costs), then
-                # interleaved onto the N workers. Its memory is the interleaved program's, added below.
-                flat = replace(config, workers=(len(part.stage_nodes),), straight=True, memory=None)
+                # The V x S chunks as stages of r replicas each on V x S x r ranks of the one level (the
+                # same costs), then interleaved onto the S x r workers. Its memory is the interleaved
+                # program's, added below.
+                r = len(part.ranks[0])
+                flat = replace(config, workers=(len(part.stage_nodes) * r,), straight=r == 1, memory=None)
                 base = assemble(graph, flat, part, "1f1b", 1, memory=False)
                 first = interleave(
                     graph, base, config.levels(), part.chunks, 1, config.straight, memory=False
@@ -209,7 +213,7 @@ class _Search:
                 costs, edges = stage_costs(graph, first)
                 if edges != [(s, s + 1) for s in range(len(part.stage_nodes) - 1)]:
                     continue  # interleaved-1f1b sends values only to the next chunk (pdrun refuses a skip)
-                replicas = [1] * (len(part.stage_nodes) // part.chunks)
+                replicas = [r] * (len(part.stage_nodes) // part.chunks)
             else:
                 base = assemble(graph, config, part, "1f1b", config.microbatches or 1)
                 costs, edges = stage_costs(graph, base)
@@ -219,9 +223,7 @@ class _Search:
             limit = config.memory
             for schedule, m in choices or list(schedule_choices(config, replicas, part.chunks)):
                 if part.chunks > 1:
-                    plan = interleave(
-                        graph, base, config.levels(), part.chunks, m, config.straight, memory=False
-                    )
+                    plan = first.model_copy(update={"microbatches": m})
                 elif schedule == "1f1b":
                     plan = base  # assemble's memory is 1f1b's
                 else:
@@ -273,8 +275,8 @@ def neighbours(part: Partition, straight: bool) -> Iterator[Partition]:
         for v in part.stage_nodes[s + 1]:
             if len(part.stage_nodes[s + 1]) > 1 and all(owner[u] <= s for u in problem.preds[v]):
                 yield _moved(part, v, s + 1, s)
-    if straight:
-        return
+    if straight or part.chunks > 1:
+        return  # interleaved-1f1b's chunks run at one replica count (shared.schedule_more)
     sizes = [len(r) for r in part.ranks]
     for s in range(n - 1):
         for a, b in ((s, s + 1), (s + 1, s)):
@@ -302,11 +304,13 @@ def schedule_choices(
     Every schedule at every M of :func:`microbatch_range` (only ``--microbatches M`` when
     given; 1 for ``1f1b``) that its generator accepts: ``2bw`` also at its least M
     (:func:`pdplan.more_schedules.two_bw_microbatches`), and only at M >= its depth;
-    ``interleaved-1f1b`` at the multiples of the workers.
+    ``interleaved-1f1b`` at the multiples of its replicas x stages, M's range taken over that many.
     """
     n = len(replicas)
     ms = [config.microbatches] if config.microbatches else microbatch_range(n)
     if chunks > 1:
+        # Its M is a multiple of replicas x stages (each replica runs groups of S microbatches).
+        ms = [config.microbatches] if config.microbatches else microbatch_range(n * replicas[0])
         names: tuple[str, ...] = ("interleaved-1f1b",)
     else:
         names = SCHEDULES
@@ -393,19 +397,28 @@ def lower_bound(plan: Plan, costs: Costs, edges: Sequence[tuple[int, int]]) -> f
 
 
 def _interleaved_bound(plan: Plan, costs: Costs) -> float:
-    """:func:`lower_bound` of an interleaved plan: a worker's own work per step, one unit's round trip."""
+    """:func:`lower_bound` of an interleaved plan: a worker's own work per step, one unit's round trip.
+
+    A replica of r runs M / r of the step's units through each of its chunks, then its
+    chunks' all-reduces and its step (``chunked_costs`` sums both over the chunks).
+    """
     v = plan.virtual_stages
     workers = len(plan.stages) // v
     m = plan.microbatches
+    units = m // plan.stages[0].replicas
+
+    def end(s: int) -> float:
+        return costs.of(Instr(Kind.ALLREDUCE, 0), s) + costs.of(Instr(Kind.STEP, 0), s)
+
     own = [
-        m * sum(costs.forward[c * workers + s] + costs.backward[c * workers + s] for c in range(v))
-        + costs.of(Instr(Kind.STEP, 0), s)
+        units * sum(costs.forward[c * workers + s] + costs.backward[c * workers + s] for c in range(v))
+        + end(s)
         for s in range(workers)
     ]
     chunks = len(plan.stages)
     trip = sum(costs.forward) + sum(costs.backward)
     trip += 2 * sum(costs.link(k % workers, (k + 1) % workers) for k in range(chunks - 1))
-    return max(*own, trip + costs.of(Instr(Kind.STEP, 0), 0)) / m
+    return max(*own, trip + end(0)) / m
 
 
 # ---------------------------------------------------------------------------- partitions
@@ -416,8 +429,9 @@ def candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[
     return [*stage_candidates(graph, config, problem), *chunk_candidates(graph, config, problem)]
 
 
-def virtual_range(config: PlanConfig, size: int) -> list[int]:
-    """The V interleaved-1f1b is tried at: ``--virtual-stages`` or :data:`VIRTUAL_STAGES`, as many chunks as layers at most.
+def virtual_range(config: PlanConfig, size: int, stages: int) -> list[int]:
+    """The V interleaved-1f1b is tried at on ``stages`` worker stages: ``--virtual-stages`` or
+    :data:`VIRTUAL_STAGES`, as many chunks as layers at most.
 
     Only on one level of workers (as ``pdplan --schedule interleaved-1f1b``), at least two of them.
     """
@@ -425,16 +439,30 @@ def virtual_range(config: PlanConfig, size: int) -> list[int]:
     if len(config.workers) != 1 or workers < 2:
         return []
     vs = (config.virtual_stages,) if config.virtual_stages is not None else VIRTUAL_STAGES
-    return [v for v in vs if v >= 2 and v * workers <= size]
+    return [v for v in vs if v >= 2 and v * stages <= size]
+
+
+def chunk_replicas(config: PlanConfig) -> list[int]:
+    """The replicas r of every worker stage interleaved-1f1b is tried at: each r dividing N that leaves S = N / r >= 2.
+
+    ``--straight`` (one replica a stage) only 1. The generator runs every stage at one
+    replica count (each replica index a pipeline of its own, ``shared.schedule_more``).
+    """
+    workers = math.prod(config.workers)
+    if config.straight:
+        return [1]
+    return [r for r in range(1, workers // 2 + 1) if workers % r == 0]
 
 
 def chunk_candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[Partition]:
-    """interleaved-1f1b's V x N chunks of one replica each (chunk c of worker w to run on rank w).
+    """interleaved-1f1b's V x S chunks, on S worker stages of r replicas each (S r = N).
 
-    On a small graph every split into V x N stages; otherwise the DP's best for V x N
-    straight workers (what ``--schedule interleaved-1f1b`` plans) and the balanced split of
-    a topological order; past ``BALANCED_MAX_NODES`` nodes only at ``--virtual-stages V``.
-    Chunks that send values past the next are dropped in the search.
+    For every r of :func:`chunk_replicas` and V of :func:`virtual_range`: on a small graph
+    every split into V x S stages; otherwise the DP's best for V x S straight workers (what
+    ``--schedule interleaved-1f1b`` plans at r = 1) and the balanced split of a topological
+    order; past ``BALANCED_MAX_NODES`` nodes only at ``--virtual-stages V``. Chunk k gets r
+    ranks of its own here; the search puts it on worker stage k mod S's. Chunks that send
+    values past the next are dropped in the search.
     """
     workers = math.prod(config.workers)
     out: list[Partition] = []
@@ -442,19 +470,29 @@ def chunk_candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) ->
         # A big graph's DP takes seconds (NASNet-Mobile on 16 workers: ~20 s a V, 105 s for V = 2,
         # 3, 4): as in stage_candidates it runs only as asked, here at --virtual-stages V.
         return out
-    for v in virtual_range(config, problem.size):
-        k = v * workers
-        flat = replace(config, workers=(k,), straight=True, memory=None, schedule="1f1b")
-        parts = all_partitions(problem, k, True)
-        if parts is None:
-            parts = []
-            with contextlib.suppress(UserError):
-                parts.append(dp_partition(graph, flat))
-            if problem.size <= BALANCED_MAX_NODES:
-                parts.append(balanced_split(problem, flat, k))
-        # Ranks as the V x N straight stages; the search puts chunk c of worker w on rank w.
-        out.extend(replace(part, chunks=v, time_s=None) for part in parts)
+    splits: dict[int, list[Partition]] = {}  # by chunk count: V x S repeats across r (8 = 2 x 4 = 4 x 2)
+    for r in chunk_replicas(config):
+        stages = workers // r
+        for v in virtual_range(config, problem.size, stages):
+            k = v * stages
+            if k not in splits:
+                splits[k] = _chunk_splits(graph, config, problem, k)
+            ranks = [list(range(i * r, (i + 1) * r)) for i in range(k)]
+            out.extend(replace(part, ranks=ranks, chunks=v, time_s=None) for part in splits[k])
     return out
+
+
+def _chunk_splits(graph: LayerGraph, config: PlanConfig, problem: Problem, k: int) -> list[Partition]:
+    """Splits into ``k`` chunks: every one of a small graph, else the DP's for k straight workers and the balanced."""
+    flat = replace(config, workers=(k,), straight=True, memory=None, schedule="1f1b")
+    parts = all_partitions(problem, k, True)
+    if parts is None:
+        parts = []
+        with contextlib.suppress(UserError):
+            parts.append(dp_partition(graph, flat))
+        if problem.size <= BALANCED_MAX_NODES:
+            parts.append(balanced_split(problem, flat, k))
+    return parts
 
 
 def stage_candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) -> list[Partition]:

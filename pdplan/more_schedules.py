@@ -112,16 +112,25 @@ def interleave(
     straight: bool,
     memory: bool = True,
 ) -> Plan:
-    """``flat``'s ``chunks x workers`` stages as interleaved-1f1b's chunks: chunk c of worker w at ``stages[c N + w]``.
+    """``flat``'s ``chunks x S`` stages as interleaved-1f1b's chunks: chunk c of worker stage w at ``stages[c S + w]``.
 
-    Each chunk runs on its worker's rank; a worker's predicted time is its chunks' (see
+    ``flat``'s stages each carry r replicas (``levels``' N workers = S x r): worker stage w
+    runs on ranks ``w r .. w r + r - 1``, every replica a pipeline of its own (``shared.schedule_more``).
+    Each chunk runs on its worker's ranks; a worker's predicted time is its chunks' (see
     :func:`worker_bounds`), and the memory model counts what each chunk holds under the
     interleaved program (``pdplan.memory``), a worker's memory being its chunks' sum
     (``memory=False``: left as ``flat``'s, for a caller that adds it later with ``with_memory``).
     """
-    n, v = math.prod(level.workers for level in levels), chunks
+    v = chunks
+    n = len(flat.stages) // v  # worker stages
+    r = math.prod(level.workers for level in levels) // n  # each one's replicas
     assert flat.predicted is not None and flat.cluster is not None
-    stages = [stage.model_copy(update={"ranks": [s % n]}) for s, stage in enumerate(flat.stages)]
+    assert all(stage.replicas == r for stage in flat.stages), "flat's chunks carry the replicas they run at"
+    # Worker stage w's replicas are ranks w r .. w r + r - 1, as pdrun numbers them.
+    stages = [
+        stage.model_copy(update={"ranks": [s % n * r + j for j in range(r)]})
+        for s, stage in enumerate(flat.stages)
+    ]
     costs = [st.predicted for st in stages]
     bounds = worker_bounds([bounds_of(c) for c in costs], n)
     worst = max(range(n), key=lambda w: bounds[w])
@@ -139,7 +148,8 @@ def interleave(
             "bottleneck_stage": slowest,
             "data_parallel_time_per_minibatch_s": dp,
             "data_parallel_throughput_samples_per_s": graph.batch_size / dp if dp > 0 else None,
-            "data_parallel_communication_bytes_per_sample": allreduce_s(params, n, 1.0) / graph.batch_size,
+            "data_parallel_communication_bytes_per_sample": allreduce_s(params, n * r, 1.0)
+            / graph.batch_size,
             "speedup_over_data_parallel": dp / t if t > 0 else None,
         }
     )
@@ -150,7 +160,7 @@ def interleave(
                 "microbatches": microbatches,
                 "in_flight": n,
                 "virtual_stages": v,
-                "world_size": n,
+                "world_size": n * r,
                 "stages": stages,
                 "cluster": flat.cluster.model_copy(update={"levels": levels, "straight": straight}),
                 "predicted": predicted,

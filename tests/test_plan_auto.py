@@ -4,7 +4,8 @@ The exhaustive search here is written apart from pdplan.auto: every chain of dow
 the reduced DAG (every convex split into stages), every split of the workers among them on
 consecutive ranks, every schedule (1f1b, 1f1b-flush, gpipe, zb-h1, 2bw) and every M of the
 search's range that the schedule accepts, and every split into V x N chunks of
-interleaved-1f1b (chunk c of worker w on rank w) whose values go only to the next chunk,
+interleaved-1f1b (chunk c of worker stage w on its r replicas' ranks, for every r dividing
+N that leaves two worker stages or more) whose values go only to the next chunk,
 each simulated with no pruning; the best that fits memory (a worker's chunks together
 under interleaved-1f1b) must be what the search chose.
 """
@@ -103,8 +104,9 @@ def _exhaustive(graph, config):
                 consider(
                     with_memory(base.model_copy(update={"schedule": schedule, "microbatches": m}), graph)
                 )
-        # interleaved-1f1b: k = V x N chunks, on one level of at least 2 workers.
-        if workers < 2 or k % workers or k // workers not in VIRTUAL_STAGES:
+        # interleaved-1f1b: k = V x S chunks on S = N / r worker stages of r replicas, one level of
+        # at least 2 workers.
+        if workers < 2:
             continue
         owner = {layer: s for s, nodes in enumerate(stages) for v in nodes for layer in problem.layers_of(v)}
         crossings = {
@@ -114,11 +116,16 @@ def _exhaustive(graph, config):
         }
         if crossings != {(s, s + 1) for s in range(k - 1)}:
             continue  # a value skips a chunk (or a chunk feeds none): pdrun's interleaved runner refuses it
-        flat = replace(config, workers=(k,), straight=True)
-        base = assemble(graph, flat, Partition(problem, stages, [[s] for s in range(k)]), "1f1b", 1)
-        for m in microbatch_range(workers):
-            if m % workers == 0:
-                consider(interleave(graph, base, config.levels(), k // workers, m, config.straight))
+        for r in (1,) if config.straight else range(1, workers // 2 + 1):
+            s_ = workers // r
+            if workers % r or k % s_ or k // s_ not in VIRTUAL_STAGES:
+                continue
+            flat = replace(config, workers=(k * r,), straight=r == 1)
+            ranks = [list(range(s * r, (s + 1) * r)) for s in range(k)]
+            base = assemble(graph, flat, Partition(problem, stages, ranks), "1f1b", 1)
+            for m in microbatch_range(workers):
+                if m % workers == 0:
+                    consider(interleave(graph, base, config.levels(), k // s_, m, config.straight))
     return best
 
 
@@ -187,3 +194,16 @@ def test_auto_picks_interleaved_where_it_is_the_fastest_that_fits() -> None:
     plan = make_plan(graph, config)
     assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 4
     _check(costs, [(i, i + 1) for i in range(7)], 2, 1e12, 7e7)
+
+
+def test_auto_replicates_interleaved_chunks_where_that_is_the_fastest() -> None:
+    # 6 equal layers of 4 MB of parameters on 4 workers behind a 1 GB/s link: 2 worker stages of 2
+    # replicas x 3 chunks each beat every one-chunk schedule (2bw, zb-h1 on 2 x 2) and 4 x 1 chunks.
+    costs = [(4, 8, 1e3, 4e6, 0)] * 6
+    edges = [(i, i + 1) for i in range(5)]
+    plan = make_plan(_graph(costs, edges), PlanConfig(workers=(4,), bandwidths=(1e9,), schedule="auto"))
+    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 3
+    assert [s.ranks for s in plan.stages] == [[0, 1], [2, 3]] * 3 and plan.world_size == 4
+    assert plan.in_flight == 2 and plan.microbatches % 4 == 0
+    assert {a.schedule for a in plan.alternatives} > {"interleaved-1f1b"}  # the others were in the race
+    _check(costs, edges, 4, 1e9, None)
