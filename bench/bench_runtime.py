@@ -521,6 +521,7 @@ def _bubble_table(
     figures: each new schedule's measured idle fraction over 1f1b-flush's (the papers say smaller)."""
     rows: list[dict[str, Any]] = []
     idle: dict[str, float] = {}
+    wait: dict[str, float] = {}
     sim_idle: dict[str, float] = {}
     for schedule, label in BUBBLE_ROWS:
         if label not in (*case.pdrun_runs, *case.baselines):
@@ -539,6 +540,7 @@ def _bubble_table(
             "system": f"pdrun {label}" if label in PDRUN_RUNS else label,
             "split": split,
             "measured_idle_fraction": math.nan,
+            "measured_wait_fraction": math.nan,
             "samples_per_s": math.nan,
             "simulated_idle_fraction": sim.bubble if sim else math.nan,
             "simulated_samples_per_s": (
@@ -550,33 +552,38 @@ def _bubble_table(
         }
         if label in runs:
             row["measured_idle_fraction"] = 1.0 - _busy_fraction(runs[label].timing)
+            row["measured_wait_fraction"] = _pdrun_wait_fraction(runs[label])
             row["samples_per_s"] = runs[label].timing.steady_samples_per_s
             row["command"] = runs[label].cmd
         elif label in base:
             row["measured_idle_fraction"] = 1.0 - _result_busy_fraction(base[label])
+            row["measured_wait_fraction"] = _result_wait_fraction(base[label])
             row["samples_per_s"] = base[label].steady_samples_per_s
             row["command"] = report.command
         if label in PDRUN_RUNS:
             idle[label] = row["measured_idle_fraction"]
+            wait[label] = row["measured_wait_fraction"]
             sim_idle[label] = row["simulated_idle_fraction"]
         rows.append(row)
     report.tables[f"bubble{suffix}"] = rows
-    flush = idle.get("1f1b-flush", math.nan)
     for label in ("interleaved-1f1b", "zb-h1"):
         if label not in case.pdrun_runs or "1f1b-flush" not in case.pdrun_runs:
             continue
-        ratio = idle.get(label, math.nan) / flush if flush > 0 else math.nan
         cmd = runs[label].cmd if label in runs else report.command
-        report.add(
-            judged(
-                f"{prefix}pdrun {label} idle fraction / pdrun 1f1b-flush idle fraction (measured)",
-                ratio,
-                "",
-                cmd,
-                at_most=SMALLER_BUBBLE,
-                note=failed.get(label) or failed.get("1f1b-flush") or "",
+        # Idle: all but computing (the framework's own work per chunk counts); wait: blocked on a peer,
+        # the bubble alone.
+        for what, measured in (("idle", idle), ("wait", wait)):
+            flush = measured.get("1f1b-flush", math.nan)
+            report.add(
+                judged(
+                    f"{prefix}pdrun {label} {what} fraction / pdrun 1f1b-flush {what} fraction (measured)",
+                    measured.get(label, math.nan) / flush if flush > 0 else math.nan,
+                    "",
+                    cmd,
+                    at_most=SMALLER_BUBBLE,
+                    note=failed.get(label) or failed.get("1f1b-flush") or "",
+                )
             )
-        )
         sim_flush = sim_idle.get("1f1b-flush", math.nan)
         report.add(
             Figure(
@@ -641,6 +648,19 @@ def _parts(known: dict[str, float]) -> dict[str, float | None]:
 def _busy_fraction(t: PdrunTiming) -> float:
     """Measured: every rank's computing time (forward, backward, loss, optimizer step) over ranks x wall."""
     return sum(r["compute_s"] for r in t.ranks) / (len(t.ranks) * t.seconds) if t.seconds > 0 else math.nan
+
+
+def _pdrun_wait_fraction(run: PdrunRun) -> float:
+    """Measured: every rank's seconds blocked on a peer's message (``recv_wait_s``) over ranks x wall."""
+    t = run.timing
+    waits = [run.parts.get(int(r["rank"]), {}).get("recv_wait_s", math.nan) for r in t.ranks]
+    return sum(waits) / (len(t.ranks) * t.seconds) if t.seconds > 0 and t.ranks else math.nan
+
+
+def _result_wait_fraction(r: Result) -> float:
+    """A baseline's :func:`_pdrun_wait_fraction` where it times its waits (pipelining's ``recv_wait_s``)."""
+    waits = [k.parts.get("recv_wait_s", math.nan) for k in r.ranks]
+    return sum(waits) / (len(r.ranks) * r.seconds) if r.seconds > 0 and r.ranks else math.nan
 
 
 def _result_busy_fraction(r: Result) -> float:

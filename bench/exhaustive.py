@@ -35,7 +35,7 @@ def unique_order(problem: Problem) -> bool:
 def partitions(problem: Problem, workers: int) -> list[Partition]:
     """Every split of the (unique) order into consecutive stages, with every sharing of ``workers``."""
     n = problem.size
-    out = []
+    out: list[Partition] = []
     for k in range(1, min(workers, n) + 1):
         for cuts in itertools.combinations(range(1, n), k - 1):
             bounds = (0, *cuts, n)
