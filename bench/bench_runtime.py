@@ -573,27 +573,31 @@ def _bubble_table(
         # Idle: all but computing (the framework's own work per chunk counts); wait: blocked on a peer,
         # the bubble alone.
         for what, measured in (("idle", idle), ("wait", wait)):
-            flush = measured.get("1f1b-flush", math.nan)
             report.add(
                 judged(
                     f"{prefix}pdrun {label} {what} fraction / pdrun 1f1b-flush {what} fraction (measured)",
-                    measured.get(label, math.nan) / flush if flush > 0 else math.nan,
+                    _over_flush(measured, label),
                     "",
                     cmd,
                     at_most=SMALLER_BUBBLE,
                     note=failed.get(label) or failed.get("1f1b-flush") or "",
                 )
             )
-        sim_flush = sim_idle.get("1f1b-flush", math.nan)
         report.add(
             Figure(
                 f"{prefix}simulated {label} idle fraction / simulated 1f1b-flush idle fraction",
-                sim_idle.get(label, math.nan) / sim_flush if sim_flush > 0 else math.nan,
+                _over_flush(sim_idle, label),
                 "",
                 report.command,
                 note="the simulator's, on the same splits: what the schedule alone gives",
             )
         )
+
+
+def _over_flush(fractions: dict[str, float], label: str) -> float:
+    """``label``'s fraction over pdrun 1f1b-flush's (NaN where either is missing or flush's is 0)."""
+    flush = fractions.get("1f1b-flush", math.nan)
+    return fractions.get(label, math.nan) / flush if flush > 0 else math.nan
 
 
 def simulated(graph: LayerGraph, plan: Plan, schedule: str, microbatches: int) -> ScheduleFigures:
