@@ -657,14 +657,19 @@ def _busy_fraction(t: PdrunTiming) -> float:
 def _pdrun_wait_fraction(run: PdrunRun) -> float:
     """Measured: every rank's seconds blocked on a peer's message (``recv_wait_s``) over ranks x wall."""
     t = run.timing
-    waits = [run.parts.get(int(r["rank"]), {}).get("recv_wait_s", math.nan) for r in t.ranks]
-    return sum(waits) / (len(t.ranks) * t.seconds) if t.seconds > 0 and t.ranks else math.nan
+    return _share(
+        [run.parts.get(int(r["rank"]), {}).get("recv_wait_s", math.nan) for r in t.ranks], t.seconds
+    )
 
 
 def _result_wait_fraction(r: Result) -> float:
     """A baseline's :func:`_pdrun_wait_fraction` where it times its waits (pipelining's ``recv_wait_s``)."""
-    waits = [k.parts.get("recv_wait_s", math.nan) for k in r.ranks]
-    return sum(waits) / (len(r.ranks) * r.seconds) if r.seconds > 0 and r.ranks else math.nan
+    return _share([k.parts.get("recv_wait_s", math.nan) for k in r.ranks], r.seconds)
+
+
+def _share(per_rank_s: Sequence[float], wall_s: float) -> float:
+    """The ranks' seconds over ranks x wall (NaN without ranks or wall time)."""
+    return sum(per_rank_s) / (len(per_rank_s) * wall_s) if wall_s > 0 and per_rank_s else math.nan
 
 
 def _result_busy_fraction(r: Result) -> float:

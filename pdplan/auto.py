@@ -306,11 +306,10 @@ def schedule_choices(
     (:func:`pdplan.more_schedules.two_bw_microbatches`), and only at M >= its depth;
     ``interleaved-1f1b`` at the multiples of its replicas x stages, M's range taken over that many.
     """
-    n = len(replicas)
-    ms = [config.microbatches] if config.microbatches else microbatch_range(n)
+    # interleaved's M is a multiple of replicas x stages (each replica runs groups of S microbatches).
+    width = len(replicas) * replicas[0] if chunks > 1 else len(replicas)
+    ms = [config.microbatches] if config.microbatches else microbatch_range(width)
     if chunks > 1:
-        # Its M is a multiple of replicas x stages (each replica runs groups of S microbatches).
-        ms = [config.microbatches] if config.microbatches else microbatch_range(n * replicas[0])
         names: tuple[str, ...] = ("interleaved-1f1b",)
     else:
         names = SCHEDULES
