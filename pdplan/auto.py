@@ -48,7 +48,7 @@ from pdplan.costs import allreduce_s, span_bandwidth
 from pdplan.memory import held_units
 from pdplan.more_schedules import interleave, two_bw_least
 from pdplan.problem import Problem, prepare_layers
-from pdplan.schedule_sim import chunked_costs, simulate_plan, split_backward, stage_costs
+from pdplan.schedule_sim import as_run, simulate_plan, stage_costs
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Alternative, Plan
@@ -328,15 +328,6 @@ def schedule_choices(
             yield schedule, m
 
 
-def as_run(plan: Plan, costs: Costs) -> Costs:
-    """``stage_costs``' ``costs`` as ``plan``'s schedule runs them (``pdplan.schedule_sim.schedule_costs``)."""
-    if plan.virtual_stages > 1:
-        return chunked_costs(costs, plan.virtual_stages)
-    if plan.schedule == "zb-h1":
-        return split_backward(costs)
-    return costs
-
-
 def lower_bound(plan: Plan, costs: Costs, edges: Sequence[tuple[int, int]]) -> float:
     """Seconds per unit no run of ``plan``'s schedule beats (with ``costs`` as it runs them, :func:`as_run`).
 
@@ -410,14 +401,19 @@ def _interleaved_bound(plan: Plan, costs: Costs) -> float:
         return costs.of(Instr(Kind.ALLREDUCE, 0), s) + costs.of(Instr(Kind.STEP, 0), s)
 
     own = [
-        units * sum(costs.forward[c * workers + s] + costs.backward[c * workers + s] for c in range(v))
+        units * sum(costs.forward[c] + costs.backward[c] + _weight(costs, c) for c in plan.worker_chunks(s))
         + end(s)
         for s in range(workers)
     ]
     chunks = len(plan.stages)
     trip = sum(costs.forward) + sum(costs.backward)
-    trip += 2 * sum(costs.link(k % workers, (k + 1) % workers) for k in range(chunks - 1))
+    trip += 2 * sum(costs.link(plan.chunk_worker(k), plan.chunk_worker(k + 1)) for k in range(chunks - 1))
     return max(*own, trip + end(0)) / m
+
+
+def _weight(costs: Costs, v: int) -> float:
+    """Virtual stage ``v``'s weight-gradient seconds (W, zb-v's split backward), 0 where B does it all."""
+    return float(costs.weight[v]) if v < len(costs.weight) else 0.0
 
 
 # ---------------------------------------------------------------------------- partitions

@@ -241,7 +241,7 @@ def worker_peaks(plan: Plan) -> list[float]:
     workers = len(plan.stages) // plan.virtual_stages
     peaks = [0.0] * workers
     for s, stage in enumerate(plan.stages):
-        peaks[s % workers] += stage.predicted.memory_bytes if stage.predicted is not None else 0.0
+        peaks[plan.chunk_worker(s)] += stage.predicted.memory_bytes if stage.predicted is not None else 0.0
     return peaks
 
 
@@ -252,7 +252,7 @@ def memory_text(plan: Plan, s: int) -> str:
     """
     if plan.virtual_stages > 1:
         workers = len(plan.stages) // plan.virtual_stages
-        chunks = [plan.stages[c * workers + s].predicted for c in range(plan.virtual_stages)]
+        chunks = [plan.stages[c].predicted for c in plan.worker_chunks(s)]
         parts = [p.memory for p in chunks if p is not None and p.memory is not None]
         return (
             f"worker {s} of the {plan.schedule} plan ({workers} workers x {plan.virtual_stages} chunks, "

@@ -133,9 +133,9 @@ def _bottleneck(p: Plan) -> str:
     stage = p.predicted.bottleneck_stage if p.predicted is not None else None
     if p.virtual_stages == 1 or stage is None:
         return f"bottleneck stage {stage}"
-    workers = len(p.stages) // p.virtual_stages
-    chunks = ", ".join(str(s) for s in range(stage % workers, len(p.stages), workers))
-    return f"bottleneck worker {stage % workers}, its chunks stages {chunks}"
+    worker = p.chunk_worker(stage)
+    chunks = ", ".join(str(s) for s in sorted(p.worker_chunks(worker)))
+    return f"bottleneck worker {worker}, its chunks stages {chunks}"
 
 
 def _memory_cells(m: StageMemory | None) -> list[str]:

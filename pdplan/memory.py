@@ -70,7 +70,7 @@ from collections.abc import Sequence
 
 from shared.graph import LayerGraph
 from shared.plan import Plan, StageMemory
-from shared.schedule import Instr, Kind, ScheduleError, build_program, max_in_flight
+from shared.schedule import VSHAPED, Instr, Kind, ScheduleError, build_program, chunk_owner, max_in_flight
 
 # Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
 # momentum is set; Adam keeps exp_avg and exp_avg_sq).
@@ -154,7 +154,7 @@ def held_units(plan: Plan) -> list[int]:
         plan.in_flight if plan.schedule == "1f1b" else None,
         v,
     )
-    # Interleaved: ``held`` is per virtual stage (chunk c of worker w at c * workers + w), as stages lists them.
+    # Chunked: ``held`` is per virtual stage, as stages lists them.
     return [held[s] if len(held) == len(plan.stages) else held[s % workers] for s in range(len(plan.stages))]
 
 
@@ -189,20 +189,25 @@ def _held(
         # Options this schedule refuses (pdplan.more_schedules fixes them after the DP): all M held.
         return tuple(max(1, microbatches) for _ in replicas)
     if chunks > 1:
-        # Each chunk holds the units it forwarded and has not backwarded: counted per chunk.
-        return tuple(_chunk_peak(program[(s, 0)], c) for c in range(chunks) for s in range(len(replicas)))
+        # Each chunk holds the units it forwarded and has not backwarded: counted per chunk, by virtual stage.
+        s_ = len(replicas)
+        owners = [chunk_owner(s_, v, schedule in VSHAPED) for v in range(chunks * s_)]
+        return tuple(_chunk_peak(program[(w, 0)], c) for w, c in owners)
     peaks = max_in_flight(program)
     return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
 
 
 def _chunk_peak(instrs: Sequence[Instr], chunk: int) -> int:
-    """The most units chunk ``chunk`` of a worker holds at once (forwarded, not yet backwarded)."""
+    """The most units chunk ``chunk`` of a worker holds at once: forwarded, and not yet backwarded, or
+    where the backward is split (zb-v) whose weight gradients (W) are not yet taken, W reading the
+    layers' saved inputs."""
+    done = Kind.WEIGHT if any(ins.kind is Kind.WEIGHT for ins in instrs) else Kind.BACKWARD
     live = peak = 0
     for ins in instrs:
         if ins.chunk == chunk and ins.kind is Kind.FORWARD:
             live += 1
             peak = max(peak, live)
-        elif ins.chunk == chunk and ins.kind is Kind.BACKWARD:
+        elif ins.chunk == chunk and ins.kind is done:
             live -= 1
     return peak
 
@@ -282,9 +287,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     loss = loss_overhead(graph)
     workers = len(plan.stages) // plan.virtual_stages
     per_worker = [
-        worker_overhead(
-            graph, [layer for c in range(w, len(plan.stages), workers) for layer in plan.stages[c].layers]
-        )
+        worker_overhead(graph, [layer for c in plan.worker_chunks(w) for layer in plan.stages[c].layers])
         for w in range(workers)
     ]
     messages = message_bytes(graph, [stage.layers for stage in plan.stages], held)

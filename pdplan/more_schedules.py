@@ -6,7 +6,9 @@ paper's m >= depth); ``interleaved-1f1b`` with ``--virtual-stages V`` on S worke
 DP for V x S straight stages of consecutive layers (the chunks, balanced against each
 other) and puts chunk c of worker w at ``stages[c * S + w]`` on worker w's rank
 (Narayanan et al., SC'21, section 2.2: "each device is assigned multiple pipeline stages
-(model chunks)", round-robin).
+(model chunks)", round-robin); ``zb-v`` asks for 2 x S chunks the same way and places them
+in a V, chunk 1 of worker w at ``stages[2S - 1 - w]`` (Qi et al., ICLR'24, section 6), 2S
+microbatches a step unless told (its list schedule's bubble halves from S to 2S).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pdplan.costs import allreduce_s, data_parallel_time
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Level, Plan, StagePrediction, chunk_skip, skip_words
-from shared.schedule import make_pipeline, pipeline
+from shared.schedule import VSHAPED, chunk_owner, chunk_virtual, make_pipeline, pipeline
 from shared.schedule_more import two_bw_depth
 
 
@@ -28,6 +30,12 @@ def plan_for(graph: LayerGraph, config: PlanConfig, virtual_stages: int | None =
     """The plan of ``config``'s schedule: ``make_plan``, or its chunked / 2BW form; UserError on bad options."""
     if config.schedule == "interleaved-1f1b":
         return make_interleaved_plan(graph, config, 2 if virtual_stages is None else virtual_stages)
+    if config.schedule == "zb-v":
+        if virtual_stages not in (None, 2):
+            raise UserError(
+                f"--virtual-stages: zb-v places exactly 2 model chunks on each worker (a V), got {virtual_stages}"
+            )
+        return make_interleaved_plan(graph, config, 2)
     if config.schedule == "auto":
         if virtual_stages is not None and virtual_stages > 1 and len(config.workers) != 1:
             raise UserError(
@@ -61,18 +69,20 @@ def two_bw_least(replicas: Sequence[int]) -> int:
 
 
 def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages: int) -> Plan:
-    """V x S chunks of consecutive layers, chunk c of worker w at ``stages[c * S + w]`` (see the module's note)."""
+    """V x S chunks of consecutive layers, chunk c of worker w at ``stages[c * S + w]`` (see the module's note;
+    zb-v's V at ``shared.schedule.chunk_virtual``'s)."""
     v = virtual_stages
+    name = config.schedule
     if len(config.workers) != 1:
         raise UserError(
-            f"--virtual-stages: interleaved-1f1b plans one level of workers, got --workers "
+            f"--virtual-stages: {name} plans one level of workers, got --workers "
             f"{','.join(map(str, config.workers))}; give one level (e.g. --workers 4 --bandwidth 1e10)"
         )
     if v < 2:
-        raise UserError(f"--virtual-stages: interleaved-1f1b needs at least 2 chunks per worker, got {v}")
+        raise UserError(f"--virtual-stages: {name} needs at least 2 chunks per worker, got {v}")
     n = config.workers[0]
     if n < 2:
-        raise UserError(f"--workers: interleaved-1f1b needs at least 2 workers, got {n}")
+        raise UserError(f"--workers: {name} needs at least 2 workers, got {n}")
     try:
         # The paper's memory rule counts n * v workers of one chunk each: the limit is checked per worker below.
         chunks = make_plan(
@@ -83,17 +93,18 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             raise
         # make_plan's line speaks of the n * v straight workers it was given, not of the user's options.
         raise PlanError(
-            f"graph: no plan fits: interleaved-1f1b cuts the graph into --virtual-stages x --workers = "
+            f"graph: no plan fits: {name} cuts the graph into --virtual-stages x --workers = "
             f"{v} x {n} = {n * v} chunks of consecutive layers, more than it has layers to split; "
             "lower --virtual-stages or --workers"
         ) from None
-    plan = interleave(graph, chunks, config.levels(), v, config.microbatches or n, config.straight)
+    m = config.microbatches or (2 * n if name == "zb-v" else n)
+    plan = interleave(graph, chunks, config.levels(), v, m, config.straight, schedule=name)
     skip = chunk_skip(plan, graph)
     if skip is not None:  # pdrun would refuse it: say so here, before a plan is written
         raise PlanError(
             f"graph: no plan fits: in the best split into {v} x {n} chunks, {skip_words(skip)}; "
             f"--schedule auto --virtual-stages {v} searches the splits whose chunks form a chain, or try "
-            "other --workers / --virtual-stages"
+            "other --workers" + (" / --virtual-stages" if name != "zb-v" else "")
         )
     _check_schedule(plan)
     if config.memory is not None:
@@ -111,8 +122,10 @@ def interleave(
     microbatches: int,
     straight: bool,
     memory: bool = True,
+    schedule: str = "interleaved-1f1b",
 ) -> Plan:
-    """``flat``'s ``chunks x S`` stages as interleaved-1f1b's chunks: chunk c of worker stage w at ``stages[c S + w]``.
+    """``flat``'s ``chunks x S`` stages as ``schedule``'s chunks: chunk c of worker stage w at ``stages[c S + w]``
+    (zb-v: in a V, ``shared.schedule.chunk_virtual``).
 
     ``flat``'s stages each carry r replicas (``levels``' N workers = S x r): worker stage w
     runs on ranks ``w r .. w r + r - 1``, every replica a pipeline of its own (``shared.schedule_more``).
@@ -126,18 +139,25 @@ def interleave(
     r = math.prod(level.workers for level in levels) // n  # each one's replicas
     assert flat.predicted is not None and flat.cluster is not None
     assert all(stage.replicas == r for stage in flat.stages), "flat's chunks carry the replicas they run at"
+    vshape = schedule in VSHAPED
+
+    def worker(s: int) -> int:
+        return chunk_owner(n, s, vshape)[0]
+
     # Worker stage w's replicas are ranks w r .. w r + r - 1, as pdrun numbers them.
     stages = [
-        stage.model_copy(update={"ranks": [s % n * r + j for j in range(r)]})
+        stage.model_copy(update={"ranks": [worker(s) * r + j for j in range(r)]})
         for s, stage in enumerate(flat.stages)
     ]
     costs = [st.predicted for st in stages]
-    bounds = worker_bounds([bounds_of(c) for c in costs], n)
+    bounds = worker_bounds([bounds_of(c) for c in costs], n, vshape)
     worst = max(range(n), key=lambda w: bounds[w])
     t = bounds[worst]
     # The stage field names a stage (bench/bench_predict.py reads stages[bottleneck_stage]): the
     # bottleneck worker's slowest chunk.
-    slowest = max(range(worst, len(stages), n), key=lambda s: max(bounds_of(costs[s])))
+    slowest = max(
+        (chunk_virtual(n, worst, c, vshape) for c in range(v)), key=lambda s: max(bounds_of(costs[s]))
+    )
     compute = sum(st.predicted.compute_s for st in stages if st.predicted)
     params = sum(st.predicted.parameter_bytes for st in stages if st.predicted)
     dp = data_parallel_time(compute, params, levels)
@@ -156,7 +176,7 @@ def interleave(
     plan = Plan.model_validate(
         flat.model_copy(
             update={
-                "schedule": "interleaved-1f1b",
+                "schedule": schedule,
                 "microbatches": microbatches,
                 "in_flight": n,
                 "virtual_stages": v,
@@ -175,7 +195,9 @@ def bounds_of(pred: StagePrediction | None) -> tuple[float, float]:
     return (0.0, 0.0) if pred is None else (pred.time_s, pred.communication_s)
 
 
-def worker_bounds(stage_terms: Sequence[tuple[float, float]], workers: int) -> list[float]:
+def worker_bounds(
+    stage_terms: Sequence[tuple[float, float]], workers: int, vshape: bool = False
+) -> list[float]:
     """Per worker of an interleaved plan, the paper's bound summed over its chunks: ``max(sum time, sum comm)``.
 
     ``stage_terms`` are each chunk's (time, communication) (``pdplan.costs.StageCost``): a
@@ -186,8 +208,9 @@ def worker_bounds(stage_terms: Sequence[tuple[float, float]], workers: int) -> l
     time = [0.0] * workers
     comm = [0.0] * workers
     for s, (t, c) in enumerate(stage_terms):
-        time[s % workers] += t
-        comm[s % workers] += c
+        w = chunk_owner(workers, s, vshape)[0]
+        time[w] += t
+        comm[w] += c
     return [max(t, c) for t, c in zip(time, comm, strict=True)]
 
 

@@ -37,7 +37,7 @@ def recost(plan: Plan, graph: LayerGraph) -> tuple[list[StageCost], float, float
     if plan.virtual_stages > 1:
         # A worker runs its V chunks: its chunks' terms add up (pdplan.more_schedules.worker_bounds).
         workers = len(plan.stages) // plan.virtual_stages
-        bottleneck = max(worker_bounds([(c.time_s, c.communication_s) for c in costs], workers))
+        bottleneck = max(worker_bounds([(c.time_s, c.communication_s) for c in costs], workers, plan.vshape))
     else:
         bottleneck = max(c.bound_s for c in costs)
     total_c = sum(problem.compute_s)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from pdplan.costs import allreduce_s, span_bandwidth
 from shared.graph import LayerGraph, Node
 from shared.plan import Level, Plan
-from shared.schedule import Program, build_program
+from shared.schedule import Program, build_program, chunk_owner
 from shared.simulate import Costs, simulate
 
 # Units simulated: enough steps that the quartile window of shared.simulate is steady state.
@@ -257,44 +257,57 @@ def schedule_costs(
             backward=[b * k for b, k in zip(costs.backward, scale, strict=True)],
             step=[u * k for u, k in zip(costs.step, scale, strict=True)],
         )
+    return as_run(plan, costs), None if plan.virtual_stages > 1 else edges  # chunked: the chain of chunks
+
+
+def as_run(plan: Plan, costs: Costs) -> Costs:
+    """``stage_costs``' ``costs`` as ``plan``'s schedule runs them: per chunk (interleaved-1f1b, zb-v), and
+    B split from W (zb-h1, zb-v)."""
     if plan.virtual_stages > 1:
-        return chunked_costs(costs, plan.virtual_stages), None  # the chain of chunks
-    if plan.schedule == "zb-h1":
-        return split_backward(costs), edges
-    return costs, edges
+        costs = chunked_costs(costs, plan.virtual_stages, plan.vshape)
+    return split_backward(costs) if plan.schedule in ("zb-h1", "zb-v") else costs
 
 
-def chunked_costs(costs: Costs, chunks: int) -> Costs:
-    """Per-chunk costs of V x S virtual stages on S workers: chunk c of worker w is virtual stage c S + w.
+def chunked_costs(costs: Costs, chunks: int, vshape: bool = False) -> Costs:
+    """Per-chunk costs of V x S virtual stages on S workers: chunk c of worker w is virtual stage c S + w
+    (in a V, ``vshape``, ``shared.schedule.chunk_virtual``'s zig-zag).
 
     Forward and backward stay per virtual stage (``Costs.chunks``); a worker steps all its
     chunks at once, so its step costs their sum; a transfer between two workers costs the
     most that any boundary of chunks between them carries (they differ by boundary, and the
-    simulator keys a link by the pair of workers); a tie joins the workers of its chunks. With
+    simulator keys a link by the pair of workers), and one between two chunks of the same
+    worker costs nothing (it stays in the process); a tie joins the workers of its chunks. With
     replicas, a worker's all-reduce is its chunks' in turn, so it costs their sum.
     """
     n = len(costs.forward) // chunks
 
+    def worker(v: int) -> int:
+        return chunk_owner(n, v, vshape)[0]
+
     def per_worker(per_chunk: Sequence[float]) -> list[float]:
-        return [
-            sum(per_chunk[c * n + w] for c in range(chunks) if c * n + w < len(per_chunk)) for w in range(n)
-        ]
+        out = [0.0] * n
+        for v, x in enumerate(per_chunk[: n * chunks]):
+            out[worker(v)] += x
+        return out
 
     step = per_worker(costs.step)
     transfer: dict[tuple[int, int], float] = {}
     for (a, b), t in costs.transfer.items():
-        key = (min(a % n, b % n), max(a % n, b % n))
-        transfer[key] = max(transfer.get(key, 0.0), t)
+        key = (min(worker(a), worker(b)), max(worker(a), worker(b)))
+        if key[0] != key[1]:
+            transfer[key] = max(transfer.get(key, 0.0), t)
     # A tie across chunks: pdrun's rank adds its own chunks' copies, then sums with the other workers
     # before its step (pdrun.interleaved): a tie of the workers holding it, or of none when one does.
     ties = []
     for stages, seconds in costs.ties:
-        workers = tuple(sorted({v % n for v in stages}))
+        workers = tuple(sorted({worker(v) for v in stages}))
         if len(workers) > 1:
             ties.append((workers, seconds))
     # With replicas, every chunk all-reduces among its stage's replicas, one after another (pdrun).
     allreduce = per_worker(costs.allreduce)
-    return replace(costs, transfer=transfer, allreduce=allreduce, step=step, chunks=chunks, ties=ties)
+    return replace(
+        costs, transfer=transfer, allreduce=allreduce, step=step, chunks=chunks, ties=ties, vshape=vshape
+    )
 
 
 def split_backward(costs: Costs) -> Costs:

@@ -168,7 +168,7 @@ def build_worker(
         recompute=plan.schedule == "1f1b" and not cfg.stash,
         trace=cfg.trace is not None,
         channels_last=model.channels_last,
-        split_backward=plan.schedule == "zb-h1",
+        split_backward=plan.schedule in ("zb-h1", "zb-v"),
         lr_at=lambda step: cfg.lr_at(step, total),
         on_step=on_step,
         tied=tied,

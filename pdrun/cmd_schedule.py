@@ -57,9 +57,15 @@ def _edges(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def _chunks(schedule: str, virtual_stages: int | None) -> int:
-    """Model chunks per worker: ``--virtual-stages`` for interleaved-1f1b (2 unless given), 1 otherwise."""
+    """Model chunks per worker: ``--virtual-stages`` for interleaved-1f1b (2 unless given), 2 for zb-v, else 1."""
     if schedule == "interleaved-1f1b":
         return 2 if virtual_stages is None else virtual_stages
+    if schedule == "zb-v":
+        if virtual_stages not in (None, 2):
+            raise click.BadParameter(
+                "zb-v places exactly 2 model chunks on each worker (a V)", param_hint="--virtual-stages"
+            )
+        return 2
     if virtual_stages not in (None, 1):
         raise click.BadParameter(
             f"{schedule} runs one model chunk per worker; --virtual-stages is for interleaved-1f1b",

@@ -21,8 +21,8 @@ restores every chunk as the one-chunk runner restores its stage.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -40,28 +40,71 @@ from pdrun.shape import pipeline_of, segments
 from pdrun.step_rows import StepRows
 from pdrun.tied import TiedGradients, find_ties, tied_gradients
 from pdrun.transport import Transport
+from pdrun.transport.interface import PostedRecv, expect_unit
 from pdrun.worker import PARTS, StepStats, Tally, Worker
 from shared.plan import Plan
-from shared.schedule import GENERATORS, RECVS, SENDS, Instr, Kind, worker_program
+from shared.schedule import (
+    GENERATORS,
+    RECVS,
+    SENDS,
+    Instr,
+    Kind,
+    chunk_owner,
+    chunk_virtual,
+    pipeline,
+    worker_program,
+)
+from shared.schedule_more import lower_chunked
 
 ALL_CHUNKS = -1
 
 
 class _UnitRelease:
-    """The rank's transport as each chunk sees it: a unit's received values are freed after its last chunk.
+    """The rank's transport as each chunk sees it: a unit's received values are freed after its last chunk,
+    and a message from one of the rank's chunks to another stays in the process.
 
     ``Transport.release(unit)`` frees what a unit's received values occupy where the transport
     lent them in place (a shared-memory slot), and every chunk's backward calls it; the earlier
     chunks' backwards of that unit come later and still read theirs, so only the V-th release frees them.
+
+    Under zb-v the last worker runs two neighbouring chunks (the V's turn): the program sends
+    their values to the worker itself (``shared.schedule_more.lower_chunked``), and here such a
+    message goes into a queue per tag, in the order sent, which the validator checked is the
+    order received. The receiver gets copies: its layers may write in place, and the sender
+    saved its own output for its backward.
     """
 
     def __init__(self, comm: Transport, chunks: int) -> None:
         self.comm = comm
         self.chunks = chunks
         self.released: Counter[int] = Counter()
+        self.loop: dict[int, deque[list[torch.Tensor]]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> None:
+        if dst != self.comm.rank:
+            self.comm.send(tensors, dst, tag)
+            return
+        self.loop.setdefault(tag, deque()).append([t.detach().clone() for t in tensors])
+
+    def post(self, buffers: Sequence[torch.Tensor], src: int, tag: int, hold: bool = False) -> PostedRecv:
+        if src != self.comm.rank:
+            return self.comm.post(buffers, src, tag, hold)
+        return PostedRecv(src, tag, list(buffers))
+
+    def wait(self, posted: PostedRecv, unit: int, what: str) -> tuple[int, list[torch.Tensor]]:
+        if posted.src != self.comm.rank:
+            return self.comm.wait(posted, unit, what)
+        header, *values = self.loop[posted.tag].popleft()
+        expect_unit(self.comm.rank, int(header[0]), unit, what, posted.src)
+        return int(header[1]), [t.to(self.comm.device) for t in values]
+
+    def recv(
+        self, buffers: Sequence[torch.Tensor], src: int, tag: int, unit: int, what: str
+    ) -> tuple[int, list[torch.Tensor]]:
+        return self.wait(self.post(buffers, src, tag), unit, what)
 
     def release(self, unit: int) -> None:
         self.released[unit] += 1
@@ -70,26 +113,27 @@ class _UnitRelease:
             self.comm.release(unit)
 
 
-def virtual_instr(ins: Instr, stage: int, stages: int) -> tuple[int, Instr]:
+def virtual_instr(ins: Instr, stage: int, stages: int, vshape: bool = False) -> tuple[int, Instr]:
     """(the local chunk that runs ``ins``, or ALL_CHUNKS; ``ins`` as that chunk's virtual-stage worker sees it).
 
     A compute op runs on its chunk. A send goes from the sender's chunk (its label) to the
     next (activations) or previous (gradients) virtual stage; a receive is labelled with the
     sender's chunk, so its own chunk is the virtual stage after (before) the sender's. The
-    peer keeps its replica: a unit stays on one replica index through every chunk.
+    peer keeps its replica: a unit stays on one replica index through every chunk. Virtual
+    stages are ``shared.schedule.chunk_virtual``'s: round-robin, or in a V (``vshape``, zb-v).
     """
     n = stages
     if ins.kind in SENDS:
         assert ins.peer is not None
-        v = ins.chunk * n + stage
+        v = chunk_virtual(n, stage, ins.chunk, vshape)
         return ins.chunk, Instr(
             ins.kind, ins.unit, (v + 1 if ins.kind is Kind.SEND_ACT else v - 1, ins.peer[1])
         )
     if ins.kind in RECVS:
         assert ins.peer is not None
-        sender = ins.chunk * n + ins.peer[0]
+        sender = chunk_virtual(n, ins.peer[0], ins.chunk, vshape)
         v = sender + 1 if ins.kind is Kind.RECV_ACT else sender - 1
-        return v // n, Instr(ins.kind, ins.unit, (sender, ins.peer[1]))
+        return chunk_owner(n, v, vshape)[1], Instr(ins.kind, ins.unit, (sender, ins.peer[1]))
     if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT):
         return ins.chunk, Instr(ins.kind, ins.unit)
     return ALL_CHUNKS, ins
@@ -104,6 +148,7 @@ def run_chunks(
     base: int,
     events: list[dict[str, Any]] | None = None,
     tied: TiedGradients | None = None,
+    vshape: bool = False,
 ) -> None:
     """Run one program's stream, each instruction on its chunk's worker (receives posted as they come).
 
@@ -114,7 +159,7 @@ def run_chunks(
         w.base = base
         w.stats = StepStats(time.perf_counter())
     for i, ins in enumerate(instrs):
-        c, vins = virtual_instr(ins, stage, stages)
+        c, vins = virtual_instr(ins, stage, stages, vshape)
         if tied is not None and ins.kind is Kind.STEP:
             # Every chunk's backward of the step is done; each chunk's step then sees the summed gradient.
             # (Timed with the first chunk's step: a collective the rank waits in, as the one-chunk runner does.)
@@ -173,7 +218,7 @@ def _thread_names(chunks: list[Worker], rank: int) -> list[dict[str, Any]]:
 
 
 def forward_only_stream(
-    worker: tuple[int, int], replicas: int, workers: int, chunks: int, units: int
+    worker: tuple[int, int], replicas: int, workers: int, chunks: int, units: int, vshape: bool = False
 ) -> Iterator[Instr]:
     """The validation pass of rank ``worker`` (stage, replica), as its training stream names instructions.
 
@@ -184,20 +229,19 @@ def forward_only_stream(
     unpipelined, as a pass once an epoch can be. With ``replicas`` per stage, a replica runs
     the units it owns in training (``u % replicas``), its peers of the same replica.
     """
-    stage, replica = worker
-    last = chunks * workers - 1
+    replica = worker[1]
+    pipe = pipeline([replicas] * workers, chunks=chunks, vshape=vshape)
     for u in range(replica, units, replicas):
-        for c in range(chunks):
-            v = c * workers + stage
-            if v > 0:
-                yield Instr(Kind.RECV_ACT, u, ((v - 1) % workers, replica), (v - 1) // workers)
-            yield Instr(Kind.FORWARD, u, None, c)
-            if v < last:
-                yield Instr(Kind.SEND_ACT, u, ((v + 1) % workers, replica), c)
+        yield from lower_chunked(pipe, worker, (Instr(Kind.FORWARD, u, None, c) for c in range(chunks)))
 
 
 def validate_chunks(
-    chunks: list[Worker], comm: Transport, units: Units, worker: tuple[int, int], workers: int
+    chunks: list[Worker],
+    comm: Transport,
+    units: Units,
+    worker: tuple[int, int],
+    workers: int,
+    vshape: bool = False,
 ) -> tuple[float, int, int, int]:
     """:meth:`pdrun.worker.Worker.validate` for a rank's chunks: (loss sum, correct, samples, scored).
 
@@ -207,8 +251,8 @@ def validate_chunks(
     for w in chunks:
         w.config.stage.module.eval()  # dropout off, BatchNorm on its running statistics
     replicas = len(chunks[0].config.peers.ranks[chunks[0].s])  # every stage has as many
-    for ins in forward_only_stream(worker, replicas, workers, len(chunks), units.per_epoch):
-        c, vins = virtual_instr(ins, stage, workers)
+    for ins in forward_only_stream(worker, replicas, workers, len(chunks), units.per_epoch, vshape):
+        c, vins = virtual_instr(ins, stage, workers, vshape)
         chunks[c].val_instr(vins, units, tally)
     comm.drain()
     for w in chunks:
@@ -251,7 +295,7 @@ def train_interleaved(
     segs = segments(plan, cfg, model.units.per_epoch)
     # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.
     last = len(plan.stages) - 1
-    progress = Progress(cfg, last % n == s and replica == 0, segs.steps)
+    progress = Progress(cfg, plan.chunk_worker(last) == s and replica == 0, segs.steps)
     groups = replica_groups(plan)  # every chunk's, on every rank, before any chunk is built
     chunks = [
         build_worker(
@@ -265,7 +309,7 @@ def train_interleaved(
             on_step=progress.step if v == last else None,
             group=groups[v],
         )
-        for v in range(s, len(plan.stages), n)
+        for v in plan.worker_chunks(s)
     ]
     # Tied parameters across chunks: the rank sums its chunks' copies, then with the other ranks'.
     tied = tied_gradients(
@@ -299,13 +343,13 @@ def train_interleaved(
             end = base + length
             for units in cut_at(length, base, every):
                 program = worker_program(schedule, pipe, (s, replica), units)
-                run_chunks(chunks, comm, program, s, n, base, events, tied)
+                run_chunks(chunks, shared, program, s, n, base, events, tied, plan.vshape)
                 base += units
                 if cfg.checkpoint_dir and every and base % every == 0 and base < end:
                     save()  # the segment's end checkpoints after validation, below
             if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
                 entry = validation.entry(
-                    shown, validate_chunks(chunks, comm, val_units, (s, replica), n), epoch
+                    shown, validate_chunks(chunks, shared, val_units, (s, replica), n, plan.vshape), epoch
                 )
                 done.append(entry)
                 progress.validated(entry)
@@ -318,7 +362,9 @@ def train_interleaved(
     }
     result = WorkerResult(
         rank=env.rank,
-        stage=c_shown * n + s,  # the shown chunk's stage: the summary takes the loss from the last stage
+        stage=plan.worker_chunks(s)[
+            c_shown
+        ],  # the shown chunk's stage: the summary takes the loss from the last stage
         replica=replica,
         steps=shown.run_steps,
         units=base,

@@ -56,7 +56,7 @@ class Nodes:
 
 
 # The schedules this runtime runs; pdplan plans and pdrun schedule draws more.
-RUNS = (*SCHEDULES, "2bw", "zb-h1", "interleaved-1f1b")
+RUNS = (*SCHEDULES, "2bw", "zb-h1", "interleaved-1f1b", "zb-v")
 
 
 def check_schedule_runs(plan: Plan, source: str = "plan") -> None:

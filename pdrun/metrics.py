@@ -74,13 +74,16 @@ def warmup_steps(steps: int) -> int:
 
 def samples_and_seconds(rows: Iterable[Mapping[str, Any]], first: int) -> tuple[float, float]:
     """(samples, seconds) of the steps from ``first`` on, from metrics rows (every rank's): the samples
-    the input stage's replicas trained (each row's samples/s times its wall time), and the slowest
-    rank's wall time, which bounds the steps. pdrun's summary and the benchmarks read a run so."""
+    one stage's replicas trained (each row's samples/s times its wall time; every stage sees every
+    sample), and the slowest rank's wall time, which bounds the steps. pdrun's summary and the
+    benchmarks read a run so. The stage is the first whose rows are there: a rank running several
+    chunks reports one of them (its loss's, if it has the last), so under zb-v, whose first worker
+    holds the first and the last chunk, no row says stage 0."""
+    kept = [row for row in rows if row["step"] >= first]
+    counted = min((row["stage"] for row in kept), default=0)
     samples, wall = 0.0, dict[int, float]()
-    for row in rows:
-        if row["step"] < first:
-            continue
-        if row["stage"] == 0:
+    for row in kept:
+        if row["stage"] == counted:
             samples += row["samples_per_s"] * row["wall_s"]
         wall[row["rank"]] = wall.get(row["rank"], 0.0) + row["wall_s"]
     return samples, max(wall.values(), default=0.0)
@@ -178,7 +181,7 @@ def memory_summary(results: list[WorkerResult], plan: Plan) -> list[dict[str, An
             peaks[r.rank] = max(p for p in seen if not math.isnan(p))
     out = []
     for s in range(workers):
-        chunks = list(range(s, len(plan.stages), workers))
+        chunks = sorted(plan.worker_chunks(s)) if plan.virtual_stages > 1 else [s]
         parts = [plan.stages[c].predicted for c in chunks]
         totals = [p.memory.total_bytes for p in parts if p is not None and p.memory is not None]
         predicted = sum(totals) if len(totals) == len(chunks) else None

@@ -18,14 +18,15 @@ from pydantic import Field, model_validator
 from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
 from shared.errors import PlanError
 from shared.graph import LayerGraph
+from shared.schedule import VSHAPED, chunk_owner, chunk_virtual
 from shared.spec import RunSpec, artifact_folder
 from shared.version import FORMAT_PLAN
 
 if TYPE_CHECKING:
     import networkx as nx
 
-Schedule = Literal["1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw"]
-SCHEDULES: tuple[str, ...] = ("1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw")
+Schedule = Literal["1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw", "zb-v"]
+SCHEDULES: tuple[str, ...] = ("1f1b", "1f1b-flush", "gpipe", "interleaved-1f1b", "zb-h1", "2bw", "zb-v")
 
 
 class Level(Strict):
@@ -179,8 +180,9 @@ class Plan(Strict):
     virtual_stages: int = Field(
         default=1,
         ge=1,
-        description="model chunks per worker (interleaved-1f1b): the stages are then the V x S chunks in "
-        "pipeline order, chunk c of worker stage w being stages[c * S + w], on that stage's ranks",
+        description="model chunks per worker (interleaved-1f1b, zb-v): the stages are then the V x S chunks in "
+        "pipeline order, chunk c of worker stage w being stages[c * S + w] (zb-v's V: stages[c * S + S - 1 - w] "
+        "for odd c), on that stage's ranks",
     )
     world_size: int = Field(ge=1)
     cluster: Cluster | None = None
@@ -236,21 +238,40 @@ class Plan(Strict):
         if n % v:
             raise ValueError(
                 f"virtual_stages: {n} stages are not {v} chunks of each worker stage; "
-                f"give a multiple of {v} stages (chunk c of worker w is stages[c * S + w])"
+                f"give a multiple of {v} stages (chunk c of worker w is stages[{self._where_text()}])"
             )
         per = n // v
         for s, stage in enumerate(self.stages):
-            if stage.ranks != self.stages[s % per].ranks:
+            w, c = chunk_owner(per, s, self.vshape)
+            if stage.ranks != self.stages[w].ranks:
                 raise ValueError(
-                    f"stages[{s}].ranks: chunk {s // per} of worker stage {s % per} runs on "
-                    f"{_short_list(stage.ranks)}, not on that worker's ranks {_short_list(self.stages[s % per].ranks)}"
+                    f"stages[{s}].ranks: chunk {c} of worker stage {w} runs on "
+                    f"{_short_list(stage.ranks)}, not on that worker's ranks {_short_list(self.stages[w].ranks)}"
                 )
         return self
 
+    def _where_text(self) -> str:
+        return "c * S + (S - 1 - w if c is odd else w)" if self.vshape else "c * S + w"
+
+    @property
+    def vshape(self) -> bool:
+        """Whether the chunks sit in a V (zb-v) rather than round-robin (``shared.schedule.chunk_virtual``)."""
+        return self.schedule in VSHAPED
+
+    def chunk_worker(self, s: int) -> int:
+        """The worker stage that runs ``stages[s]`` (a chunk of it, when the plan has several per worker)."""
+        return chunk_owner(len(self.stages) // self.virtual_stages, s, self.vshape)[0]
+
+    def worker_chunks(self, w: int) -> list[int]:
+        """The indices into ``stages`` of worker stage ``w``'s chunks, chunk 0 first."""
+        per = len(self.stages) // self.virtual_stages
+        return [chunk_virtual(per, w, c, self.vshape) for c in range(self.virtual_stages)]
+
     def _chunks_of_one_worker(self, a: int, b: int) -> bool:
         """Whether stages a and b are chunks of one worker (interleaved plans): a rank runs both."""
-        per = len(self.stages) // self.virtual_stages
-        return self.virtual_stages > 1 and len(self.stages) % self.virtual_stages == 0 and a % per == b % per
+        if self.virtual_stages <= 1 or len(self.stages) % self.virtual_stages:
+            return False
+        return self.chunk_worker(a) == self.chunk_worker(b)
 
     def cluster_mismatch(self) -> str | None:
         """``cluster.levels: 2 x 2 = 4 workers but world_size is 8`` when the recorded cluster has another

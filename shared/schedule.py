@@ -233,6 +233,30 @@ def in_flight_bounds(
     return bounds
 
 
+# ---------------------------------------------------------------------------- chunk placement
+
+VSHAPED = frozenset({"zb-v"})  # the schedules whose chunks sit in a V rather than round-robin
+
+
+def chunk_virtual(stages: int, stage: int, chunk: int, vshape: bool = False) -> int:
+    """The virtual stage (position in the chain of ``chunks x stages``) of chunk ``chunk`` of ``stage``.
+
+    Round-robin (Narayanan et al., SC'21, Megatron-LM's interleaving): ``chunk * S + stage``,
+    so the chain visits the workers 0 .. S-1 once per chunk. V-shaped (Qi et al., ICLR'24,
+    ZB-V: "we split the model into 2p chunks and assign chunk i and 2p-1-i to worker i"): odd
+    chunks run the workers backwards, ``chunk * S + S - 1 - stage``, so the chain goes
+    down the workers and back up, the last worker runs two neighbouring chunks (a local
+    hand-off, no message on a link) and the first worker holds the first and the last.
+    """
+    return chunk * stages + (stages - 1 - stage if vshape and chunk % 2 else stage)
+
+
+def chunk_owner(stages: int, v: int, vshape: bool = False) -> tuple[int, int]:
+    """(worker stage, chunk) of virtual stage ``v``: the inverse of :func:`chunk_virtual`."""
+    chunk, k = divmod(v, stages)
+    return (stages - 1 - k if vshape and chunk % 2 else k), chunk
+
+
 # ---------------------------------------------------------------------------- the integers
 
 
@@ -250,10 +274,19 @@ class Pipeline:
     bounds: tuple[int, ...]
     microbatches: int = 1
     chunks: int = 1  # model chunks (virtual stages) per worker: the interleaved schedules' V
+    vshape: bool = False  # chunks placed in a V (zb-v), not round-robin: see :func:`chunk_virtual`
 
     @property
     def stages(self) -> int:
         return len(self.replicas)
+
+    def virtual(self, stage: int, chunk: int) -> int:
+        """The virtual stage that chunk ``chunk`` of worker stage ``stage`` runs (:func:`chunk_virtual`)."""
+        return chunk_virtual(self.stages, stage, chunk, self.vshape)
+
+    def chunk_of(self, v: int) -> tuple[int, int]:
+        """(worker stage, chunk) of virtual stage ``v`` (:func:`chunk_owner`)."""
+        return chunk_owner(self.stages, v, self.vshape)
 
     def workers(self) -> list[Worker]:
         return stage_workers(self.replicas)
@@ -275,6 +308,7 @@ def pipeline(
     stage_edges: Sequence[tuple[int, int]] | None = None,
     in_flight: int | None = None,
     chunks: int = 1,
+    vshape: bool = False,
 ) -> Pipeline:
     """A checked :class:`Pipeline`; ``in_flight`` (1f1b's NOAM override) lowers the warm-up bounds."""
     reps = list(replicas)
@@ -288,7 +322,7 @@ def pipeline(
         raise ScheduleError(f"chunks: {chunks} must be at least 1 (model chunks per worker)")
     edges = _check_edges(len(reps), stage_edges)
     bounds = in_flight_bounds(reps, edges, in_flight)
-    return Pipeline(tuple(int(n) for n in reps), tuple(edges), tuple(bounds), microbatches, chunks)
+    return Pipeline(tuple(int(n) for n in reps), tuple(edges), tuple(bounds), microbatches, chunks, vshape)
 
 
 # ---------------------------------------------------------------------------- lowering
@@ -538,7 +572,7 @@ class ForwardOnly(Schedule):
 
 GENERATORS: dict[str, Schedule] = {g.name: g for g in (OneFOneB(), OneFOneBFlush(), GPipe(), ForwardOnly())}
 SCHEDULES = ("1f1b", "1f1b-flush", "gpipe")  # PipeDream's; "forward" is the validation pass
-MORE_SCHEDULES = ("interleaved-1f1b", "zb-h1", "2bw")  # the second wave, in shared.schedule_more
+MORE_SCHEDULES = ("interleaved-1f1b", "zb-h1", "2bw", "zb-v")  # the second wave, in shared.schedule_more
 ALL_SCHEDULES = SCHEDULES + MORE_SCHEDULES  # what a plan may name
 
 
@@ -566,6 +600,7 @@ def make_pipeline(
         stage_edges=stage_edges,
         in_flight=in_flight if schedule == "1f1b" else None,
         chunks=chunks,
+        vshape=schedule in VSHAPED,
     )
     gen.check_pipeline(pipe)
     return pipe

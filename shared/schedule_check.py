@@ -113,8 +113,9 @@ def _check_worker(program: Program, w: Worker, instrs: Sequence[Instr], trains: 
             later = ins.kind in (Kind.SEND_ACT, Kind.RECV_GRAD)
             if chunked:
                 # Virtual stages wrap round the workers (chunk c of stage s is c * S + s): a
-                # message may go to any other stage, never to the worker's own stage.
-                if ins.peer[0] == w[0]:
+                # message may go to any other stage, never to another replica of the worker's
+                # own; to the worker itself where two neighbouring chunks are its own (a V's turn).
+                if ins.peer[0] == w[0] and ins.peer != w:
                     raise _fail(program, f"{name} {ins}: the peer must be at another stage than {w[0]}", w, i)
             elif (ins.peer[0] > w[0]) != later:
                 side = "a later" if later else "an earlier"

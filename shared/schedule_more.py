@@ -17,6 +17,8 @@ does without chunks, and every existing text form is unchanged.
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
 from shared.schedule import (
@@ -31,6 +33,7 @@ from shared.schedule import (
     _Accumulating,
     _Flush,
     _own_units,
+    chunk_virtual,
     end_step,
     one_f_one_b_order,
 )
@@ -40,7 +43,7 @@ from shared.schedule import (
 
 def virtual_stage(pipe: Pipeline, stage: int, chunk: int) -> int:
     """Chunk ``chunk`` of ``stage`` in the pipeline of ``chunks * stages`` virtual stages (see [Note: chunks])."""
-    return chunk * pipe.stages + stage
+    return pipe.virtual(stage, chunk)
 
 
 def lower_chunked(pipe: Pipeline, worker: Worker, ops: Iterable[Instr]) -> Iterator[Instr]:
@@ -49,25 +52,30 @@ def lower_chunked(pipe: Pipeline, worker: Worker, ops: Iterable[Instr]) -> Itera
     Virtual stage v receives activations from v - 1 and sends them to v + 1; gradients go
     back the other way. A message carries its sender's chunk ([Note: chunks]). With replicas,
     every stage has the same number and a unit stays on one replica index throughout
-    (``pipe.owner``), so the worker's peers are of its own replica.
+    (``pipe.owner``), so the worker's peers are of its own replica. Where two neighbouring
+    virtual stages are chunks of one worker (the V placement's turn, ``zb-v``), the message
+    goes to the worker itself: pdrun hands it over in the process (``pdrun.interleaved``).
     """
     stage, replica = worker
-    n = pipe.stages
-    last = n * pipe.chunks - 1
+    last = pipe.stages * pipe.chunks - 1
+
+    def peer(v: int) -> Worker:
+        return (pipe.chunk_of(v)[0], replica)
+
     for ins in ops:
-        u, v = ins.unit, virtual_stage(pipe, stage, ins.chunk)
+        u, v = ins.unit, pipe.virtual(stage, ins.chunk)
         if ins.kind is Kind.FORWARD:
             if v > 0:
-                yield Instr(Kind.RECV_ACT, u, ((v - 1) % n, replica), (v - 1) // n)
+                yield Instr(Kind.RECV_ACT, u, peer(v - 1), pipe.chunk_of(v - 1)[1])
             yield ins
             if v < last:
-                yield Instr(Kind.SEND_ACT, u, ((v + 1) % n, replica), ins.chunk)
+                yield Instr(Kind.SEND_ACT, u, peer(v + 1), ins.chunk)
         elif ins.kind is Kind.BACKWARD:
             if v < last:
-                yield Instr(Kind.RECV_GRAD, u, ((v + 1) % n, replica), (v + 1) // n)
+                yield Instr(Kind.RECV_GRAD, u, peer(v + 1), pipe.chunk_of(v + 1)[1])
             yield ins
             if v > 0:
-                yield Instr(Kind.SEND_GRAD, u, ((v - 1) % n, replica), ins.chunk)
+                yield Instr(Kind.SEND_GRAD, u, peer(v - 1), ins.chunk)
         else:
             yield ins
 
@@ -230,6 +238,137 @@ def zb_h1_lag(pipe: Pipeline, stage: int) -> int:
     return stage
 
 
+# ---------------------------------------------------------------------------- ZB-V
+
+
+@functools.lru_cache(maxsize=64)
+def zb_v_orders(stages: int, microbatches: int) -> tuple[tuple[tuple[Kind, int, int], ...], ...]:
+    """One step of ZB-V for every worker stage: (kind, microbatch within the step, chunk), in order.
+
+    Qi et al., ICLR'24 ("Zero Bubble Pipeline Parallelism", section 6): the model is cut
+    into 2S chunks placed in a V (:func:`shared.schedule.chunk_virtual`), each backward
+    split into B and W; with T_F = T_B = T_W "ZB-V ... achieves near zero bubble" at the
+    peak activation memory of 1F1B. The order is made as the paper's own automatic
+    scheduler makes its schedules (section 4.1, "a greedy algorithm"): a list schedule at
+    unit costs (every chunk's F, B and W one slot; a message arrives for the next slot),
+    each worker in each slot taking a forward that is ready if it holds fewer than 2S
+    chunk-units (forwarded and weight gradient not yet taken: 1F1B's S units of twice the
+    size at its first stage), the later virtual stage first, else a ready backward, the
+    later virtual stage first, else its oldest pending W. Every worker's order comes out
+    of the same run, so they fit together; the runtime only follows each worker's order.
+    Cached per (S, M): a rank computes it once, whatever the run's length.
+
+    [Note: ZB-V timeline] 2 stages (4 chunks: s0 runs virtual stages 0 and 3, s1 runs 1
+    and 2), 4 microbatches, f = b = w = 1 slot a chunk (``F3.1`` is microbatch 3 on chunk 1):
+
+             0    1    2    3    4    5    6    7    8    9   10   11   12   13   14   15   16   17   18   19   20   21   22   23   24
+      s0.r0 F0   F1   F2 F0.1 B0.1 F1.1 B1.1 W0.1   F3 W1.1 F2.1   B0 B2.1   B1   W0 W2.1 F3.1   W1 B3.1   B2 W3.1   W2   B3   W3    .
+      s1.r0  .   F0 F0.1   F1 F1.1 W0.1 B0.1   B0 B1.1   F2   B1 F2.1   W0 W1.1   F3   W1 B2.1 F3.1   B2 W2.1 B3.1   W2   B3   W3 W3.1
+    """
+    s_, m = stages, microbatches
+    last = 2 * s_ - 1
+    cap = 2 * s_
+    done: dict[tuple[Kind, int, int], int] = {}  # (kind, microbatch, virtual stage) -> slot it ends at
+    orders: list[list[tuple[Kind, int, int]]] = [[] for _ in range(s_)]
+    forwarded = [[0, 0] for _ in range(s_)]  # per worker and chunk, the microbatches forwarded
+    backwarded = [[0, 0] for _ in range(s_)]
+    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(s_)]  # (microbatch, chunk) awaiting W
+    live = [0] * s_
+    left, t = 6 * m * s_, 0
+
+    def ended(kind: Kind, k: int, v: int) -> bool:
+        return done.get((kind, k, v), t + 1) <= t
+
+    while left:
+        picks: list[tuple[Kind, int, int] | None] = []
+        for w in range(s_):
+            chunks = sorted((0, 1), key=lambda c: -chunk_virtual(s_, w, c, True))
+            pick: tuple[Kind, int, int] | None = None
+            for c in chunks if live[w] < cap else ():
+                k, v = forwarded[w][c], chunk_virtual(s_, w, c, True)
+                if k < m and (v == 0 or ended(Kind.FORWARD, k, v - 1)):
+                    pick = (Kind.FORWARD, k, c)
+                    break
+            for c in chunks if pick is None else ():
+                k, v = backwarded[w][c], chunk_virtual(s_, w, c, True)
+                if k < forwarded[w][c] and ended(
+                    *((Kind.FORWARD, k, v) if v == last else (Kind.BACKWARD, k, v + 1))
+                ):
+                    pick = (Kind.BACKWARD, k, c)
+                    break
+            if pick is None and pending[w]:
+                pick = (Kind.WEIGHT, *pending[w][0])
+            picks.append(pick)
+        if not any(picks):
+            raise AssertionError(f"zb-v's list schedule stalled at slot {t} (S={s_}, M={m})")
+        for w, pick in enumerate(picks):
+            if pick is None:
+                continue
+            kind, k, c = pick
+            done[(kind, k, chunk_virtual(s_, w, c, True))] = t + 1
+            orders[w].append(pick)
+            left -= 1
+            if kind is Kind.FORWARD:
+                forwarded[w][c] += 1
+                live[w] += 1
+            elif kind is Kind.BACKWARD:
+                backwarded[w][c] += 1
+                pending[w].append((k, c))
+            else:
+                pending[w].popleft()
+                live[w] -= 1
+        t += 1
+    return tuple(tuple(o) for o in orders)
+
+
+class ZeroBubbleV(_Flush):
+    """``zb-v``: two chunks a worker placed in a V, backwards split into B and W, flushed every step (ICLR'24).
+
+    Needs the chain of stages, at least 2 stages, exactly 2 chunks, the same number of
+    replicas ``n`` at every stage and microbatches a multiple of ``n``: as in
+    :class:`InterleavedOneFOneB`, each replica index is a pipeline of its own over ``M / n``
+    microbatches, and the step ends in each chunk's all-reduce among its stage's replicas.
+    The order is :func:`zb_v_orders`'; the last worker's two chunks hand a unit over in its
+    own process (``lower_chunked``'s message to itself).
+    """
+
+    name = "zb-v"
+
+    def check_pipeline(self, pipe: Pipeline) -> None:
+        if pipe.chunks != 2:
+            raise ScheduleError(
+                f"chunks: {self.name} runs 2 model chunks per worker (a V), got {pipe.chunks}"
+            )
+        if pipe.stages < 2:
+            raise ScheduleError(f"stages: {self.name} needs at least 2 stages, got {pipe.stages}")
+        if len(set(pipe.replicas)) != 1:
+            raise ScheduleError(
+                f"replicas: {self.name} runs the same number of replicas at every stage (each replica "
+                f"index a pipeline of its own), got {list(pipe.replicas)}"
+            )
+        if pipe.edges != tuple((s, s + 1) for s in range(pipe.stages - 1)):
+            raise ScheduleError(f"stage_edges: {self.name} runs a chain of stages, got {list(pipe.edges)}")
+        n = pipe.replicas[0]
+        if pipe.microbatches % n:
+            m = pipe.microbatches
+            raise ScheduleError(
+                f"microbatches: {m} is not a multiple of the {n} replicas ({self.name} gives each replica "
+                f"the same share of a step); use {max(n, m - m % n)}"
+            )
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage, replica = worker
+        m, n = pipe.microbatches, pipe.replicas[stage]
+        order = zb_v_orders(pipe.stages, m // n)[stage]
+        for start in range(first, stop, m):
+            for kind, k, chunk in order:
+                yield Instr(kind, start + k * n + replica, None, chunk)
+            yield from end_step(pipe, stage, start + m - 1)
+
+    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        return lower_chunked(pipe, worker, self.compute(pipe, worker, first, stop))
+
+
 # ---------------------------------------------------------------------------- PipeDream-2BW
 
 
@@ -297,6 +436,6 @@ class TwoBW(_Accumulating):
                 yield from end_step(pipe, stage, u - (u - first) % m + m - 1)
 
 
-MORE: tuple[Schedule, ...] = (InterleavedOneFOneB(), ZeroBubbleH1(), TwoBW())
+MORE: tuple[Schedule, ...] = (InterleavedOneFOneB(), ZeroBubbleH1(), TwoBW(), ZeroBubbleV())
 assert tuple(g.name for g in MORE) == MORE_SCHEDULES
 GENERATORS.update({g.name: g for g in MORE})

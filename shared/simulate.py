@@ -28,6 +28,7 @@ from shared.schedule import (
     Program,
     ScheduleError,
     Worker,
+    chunk_virtual,
     max_in_flight,
     worker_name,
 )
@@ -42,7 +43,8 @@ class Costs:
 
     ``weight[s]`` is a weight-gradient instruction (W, zero bubble), whose B then costs
     ``backward[s]`` alone. With ``chunks`` V > 1 the compute costs are per virtual stage:
-    ``forward[c * S + s]`` is chunk c of stage s (S = ``len(forward) // V`` stages), while
+    ``forward[c * S + s]`` is chunk c of stage s (S = ``len(forward) // V`` stages; in a V,
+    ``vshape``, odd chunks count the stages backwards: ``shared.schedule.chunk_virtual``), while
     all-reduce and step stay per stage; with V = 1 every chunk of a stage costs its stage's.
 
     ``transfer[(a, b)]`` is the time one unit's activations take from stage a to stage b,
@@ -58,6 +60,7 @@ class Costs:
     step: Sequence[float] = ()
     weight: Sequence[float] = ()
     chunks: int = 1
+    vshape: bool = False  # the chunks sit in a V (zb-v): virtual stage by ``shared.schedule.chunk_virtual``
     # A send keeps its worker busy for the transfer (pdrun posting sends itself, an emulated link).
     blocking_sends: bool = False
     # Tied parameters across stages (pdrun.tied): each is (its stages, the sum's seconds). Before
@@ -106,7 +109,7 @@ class Costs:
         if costs is None:
             return 0.0
         if self.chunks > 1 and instr.kind in COMPUTE:
-            stage += instr.chunk * (len(self.forward) // self.chunks)
+            stage = chunk_virtual(len(self.forward) // self.chunks, stage, instr.chunk, self.vshape)
         if stage >= len(costs):
             return 0.0
         return float(costs[stage])

@@ -1,0 +1,91 @@
+"""pdrun runs ZB-V: two chunks a rank placed in a V, the backward split into B and W, trained exactly like one
+process with batch M x batch size.
+
+Real workers (gloo over 127.0.0.1) in float64; the plan's 2 x S chunks are consecutive layer ranges, chunk 1
+of worker w at stages[2S - 1 - w], so the last worker's two chunks hand each unit over in its own process.
+Compared parameter by parameter with the sequential training of tests/test_run_flush.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pdrun.config import RunConfig
+from pdrun.launch import launch
+from pdrun.plans import cut_plan
+from shared.plan import Plan
+from shared.schedule import chunk_owner
+from shared.spec import RunSpec
+from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
+from tests.test_run_interleaved import DEEPER, DEEPER_BLOCKS
+
+
+def zb_v_plan(
+    cuts: list[int], workers: int, batch: int, microbatches: int, spec: RunSpec = RESMLP, replicas: int = 1
+) -> Plan:
+    """``cut_plan``'s 2 x S stages as zb-v's chunks: stage v on the ranks of the worker holding it in the V."""
+    flat = cut_plan(spec, cuts, batch_size=batch, schedule="1f1b-flush", microbatches=microbatches)
+    assert len(flat.stages) == 2 * workers
+    data = flat.model_dump()
+    for v, stage in enumerate(data["stages"]):
+        w = chunk_owner(workers, v, vshape=True)[0]
+        stage["replicas"] = replicas
+        stage["ranks"] = [w * replicas + r for r in range(replicas)]
+    data.update(schedule="zb-v", virtual_stages=2, world_size=workers * replicas, in_flight=workers)
+    return Plan.model_validate(data)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("spec", "cuts", "workers", "replicas", "m"),
+    [(RESMLP, [3, 6, 9], 2, 1, 4), (DEEPER, DEEPER_BLOCKS, 4, 1, 8), (RESMLP, [3, 6, 9], 2, 2, 4)],
+)
+def test_zb_v_equals_sequential(
+    tmp_path: Path, spec: RunSpec, cuts: list[int], workers: int, replicas: int, m: int
+) -> None:
+    batch, steps, seed, lr = 8, 5, 6, 0.2
+    plan = zb_v_plan(cuts, workers, batch, m, spec, replicas)
+    cfg = RunConfig(
+        steps=steps,
+        seed=seed,
+        dtype="float64",
+        lr=lr,
+        momentum=0.9,
+        record=True,
+        validate=replicas > 1,
+        trace=str(tmp_path / "trace.json"),
+    )
+    results = launch(plan, cfg)
+    assert results is not None and len(results) == workers * replicas
+    initial, want = sequential(
+        spec, steps=steps, batch=batch * m, seed=seed, dtype=torch.float64, lr=lr, momentum=0.9
+    )
+    assert_same(pipeline_params(results), want, 1e-6)
+    for r in range(1, replicas):  # every replica ends with the same weights, one process's
+        assert_same({k: p for x in results if x.replica == r for k, p in x.params.items()}, want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    assert all(r.steps == steps and r.units == steps * m for r in results)
+    # The loss is on the first worker (the V's last chunk), which reports it.
+    last = next(r for r in results if r.stage == len(plan.stages) - 1)
+    assert last.rank // replicas == 0 and all(0 < row["loss"] < 10 for row in last.rows)
+    for r in results:
+        names = [e["name"] for e in r.events]
+        own = 2 * steps * m // replicas  # both chunks' units
+        assert sum(n.startswith("W") for n in names) == own  # every unit's weight gradients, apart
+        assert sum(n.startswith("B") for n in names) == own
+        # The V's turn stays in the process: no rank messages itself over a link.
+        assert r.rank not in r.links
+    if replicas > 1:
+        # Validation: each replica scores its own units through the V; the sums over the replicas (each
+        # replica's entry) are the whole set's.
+        flat = launch(cut_plan(spec, cuts, batch_size=batch, schedule="1f1b-flush", microbatches=m), cfg)
+        assert flat is not None
+        want_val = next(r for r in flat if r.stage == len(plan.stages) - 1).validation
+        got = [r.validation for r in results if r.stage == len(plan.stages) - 1]
+        assert len(got) == replicas and all(len(v) == 1 for v in got)
+        for v in got:
+            assert v[0]["count"] == want_val[0]["count"] > 0 and v[0]["correct"] == want_val[0]["correct"]
+            assert v[0]["loss_sum"] == pytest.approx(want_val[0]["loss_sum"], rel=1e-9)
