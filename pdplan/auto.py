@@ -202,17 +202,21 @@ class _Search:
             self.seen.add(key)
             if part.chunks > 1:
                 # The V x S chunks as stages of r replicas each on V x S x r ranks of the one level (the
-                # same costs), then interleaved onto the S x r workers. Its memory is the interleaved
-                # program's, added below.
+                # same costs), then placed onto the S x r workers: round-robin (interleaved-1f1b) and,
+                # for 2 chunks, in a V (zb-v). Its memory is the chunked program's, added below.
                 r = len(part.ranks[0])
                 flat = replace(config, workers=(len(part.stage_nodes) * r,), straight=r == 1, memory=None)
                 base = assemble(graph, flat, part, "1f1b", 1, memory=False)
-                first = interleave(
-                    graph, base, config.levels(), part.chunks, 1, config.straight, memory=False
-                )
-                costs, edges = stage_costs(graph, first)
+                placed = {
+                    name: interleave(
+                        graph, base, config.levels(), part.chunks, 1, config.straight, False, name
+                    )
+                    for name in chunked_schedules(part.chunks)
+                }
+                costs_of = {name: stage_costs(graph, p) for name, p in placed.items()}
+                costs, edges = costs_of["interleaved-1f1b"]
                 if edges != [(s, s + 1) for s in range(len(part.stage_nodes) - 1)]:
-                    continue  # interleaved-1f1b sends values only to the next chunk (pdrun refuses a skip)
+                    continue  # chunked schedules send values only to the next chunk (pdrun refuses a skip)
                 replicas = [r] * (len(part.stage_nodes) // part.chunks)
             else:
                 base = assemble(graph, config, part, "1f1b", config.microbatches or 1)
@@ -223,7 +227,8 @@ class _Search:
             limit = config.memory
             for schedule, m in choices or list(schedule_choices(config, replicas, part.chunks)):
                 if part.chunks > 1:
-                    plan = first.model_copy(update={"microbatches": m})
+                    plan = placed[schedule].model_copy(update={"microbatches": m})
+                    costs = costs_of[schedule][0]
                 elif schedule == "1f1b":
                     plan = base  # assemble's memory is 1f1b's
                 else:
@@ -296,6 +301,11 @@ def _moved(part: Partition, v: int, src: int, dst: int) -> Partition:
     return replace(part, stage_nodes=nodes, time_s=None, search="local")
 
 
+def chunked_schedules(chunks: int) -> tuple[str, ...]:
+    """The schedules that run ``chunks`` model chunks per worker: interleaved-1f1b, and zb-v at 2."""
+    return ("interleaved-1f1b", "zb-v") if chunks == 2 else ("interleaved-1f1b",)
+
+
 def schedule_choices(
     config: PlanConfig, replicas: Sequence[int], chunks: int = 1
 ) -> Iterator[tuple[str, int]]:
@@ -304,15 +314,13 @@ def schedule_choices(
     Every schedule at every M of :func:`microbatch_range` (only ``--microbatches M`` when
     given; 1 for ``1f1b``) that its generator accepts: ``2bw`` also at its least M
     (:func:`pdplan.more_schedules.two_bw_microbatches`), and only at M >= its depth;
-    ``interleaved-1f1b`` at the multiples of its replicas x stages, M's range taken over that many.
+    ``interleaved-1f1b`` at the multiples of its replicas x stages, M's range taken over that many,
+    and with 2 chunks ``zb-v`` at the multiples of its replicas in the same range.
     """
     # interleaved's M is a multiple of replicas x stages (each replica runs groups of S microbatches).
     width = len(replicas) * replicas[0] if chunks > 1 else len(replicas)
     ms = [config.microbatches] if config.microbatches else microbatch_range(width)
-    if chunks > 1:
-        names: tuple[str, ...] = ("interleaved-1f1b",)
-    else:
-        names = SCHEDULES
+    names = chunked_schedules(chunks) if chunks > 1 else SCHEDULES
     for schedule in names:
         if schedule == "1f1b":
             yield "1f1b", config.microbatches or 1

@@ -200,15 +200,16 @@ def interleaving_passed(p: Plan, virtual_stages: int | None) -> str | None:
         return None
     if p.virtual_stages > 1:
         return None
-    tried = [a for a in p.alternatives if a.schedule == "interleaved-1f1b"]
+    tried = [a for a in p.alternatives if a.virtual_stages > 1]
     why = (
-        f"its best simulated {min(a.simulated_time_per_minibatch_s for a in tried) * 1000:.3f} ms/minibatch"
+        f"the best simulated {min(a.simulated_time_per_minibatch_s for a in tried) * 1000:.3f} ms/minibatch"
         if tried
         else f"no split into {virtual_stages} chunks a worker came near; a value skipping a chunk or a "
         "parameter tied across chunks rules a split out"
     )
+    names = "interleaved-1f1b" + (" and zb-v were" if virtual_stages == 2 else " was")
     return (
-        f"--virtual-stages {virtual_stages}: interleaved-1f1b was searched and not chosen ({why}); "
+        f"--virtual-stages {virtual_stages}: {names} searched and not chosen ({why}); "
         f"the plan runs {p.schedule}; --schedule interleaved-1f1b asks for it"
     )
 

@@ -216,7 +216,7 @@ class Plan(Strict):
                 if rank in rank_owner and not self._chunks_of_one_worker(rank_owner[rank], s):
                     raise ValueError(
                         f"stages[{s}].ranks: rank {rank} of stage {s} ({layer_span(stage.layers)}) "
-                        f"also runs stage {rank_owner[rank]}; a rank runs one stage"
+                        f"also runs stage {rank_owner[rank]}; {self._one_rank_text(s)}"
                     )
                 rank_owner[rank] = s
         _check_batch_size(self.batch_size, self.input_shape)
@@ -249,6 +249,16 @@ class Plan(Strict):
                     f"{_short_list(stage.ranks)}, not on that worker's ranks {_short_list(self.stages[w].ranks)}"
                 )
         return self
+
+    def _one_rank_text(self, s: int) -> str:
+        """What a rank may run, said where a stage's rank runs another stage too."""
+        if self.virtual_stages <= 1 or len(self.stages) % self.virtual_stages:
+            return "a rank runs one stage"
+        w, c = chunk_owner(len(self.stages) // self.virtual_stages, s, self.vshape)
+        return (
+            f"a rank runs the chunks of one worker stage, chunk c of worker w at stages[{self._where_text()}] "
+            f"(stage {s} is chunk {c} of worker stage {w})"
+        )
 
     def _where_text(self) -> str:
         return "c * S + (S - 1 - w if c is odd else w)" if self.vshape else "c * S + w"

@@ -5,7 +5,8 @@ the reduced DAG (every convex split into stages), every split of the workers amo
 consecutive ranks, every schedule (1f1b, 1f1b-flush, gpipe, zb-h1, 2bw) and every M of the
 search's range that the schedule accepts, and every split into V x N chunks of
 interleaved-1f1b (chunk c of worker stage w on its r replicas' ranks, for every r dividing
-N that leaves two worker stages or more) whose values go only to the next chunk,
+N that leaves two worker stages or more) whose values go only to the next chunk, and at V = 2
+the same splits placed in a V under zb-v (chunk 1 of worker stage w at stages[2S - 1 - w]),
 each simulated with no pruning; the best that fits memory (a worker's chunks together
 under interleaved-1f1b) must be what the search chose.
 """
@@ -126,6 +127,8 @@ def _exhaustive(graph, config):
             for m in microbatch_range(workers):
                 if m % workers == 0:
                     consider(interleave(graph, base, config.levels(), k // s_, m, config.straight))
+                if k // s_ == 2 and m % r == 0:
+                    consider(interleave(graph, base, config.levels(), 2, m, config.straight, schedule="zb-v"))
     return best
 
 
@@ -185,25 +188,40 @@ def test_auto_on_dags_with_memory_equals_exhaustive_simulation(dag, workers, ban
     _check(costs, edges, workers, bandwidth, memory)
 
 
-def test_auto_picks_interleaved_where_it_is_the_fastest_that_fits() -> None:
+def test_auto_picks_chunks_where_they_are_the_fastest_that_fit() -> None:
     # 8 equal layers of 8 MB of parameters on 2 workers: a second weight version (2bw, 1f1b's stash)
-    # does not fit 70 MB, and of the one-version schedules 4 chunks per worker leave the least bubble.
+    # does not fit 70 MB, and of the one-version schedules zb-v's 2 chunks in a V leave the least
+    # bubble (12.25 ms a unit), then interleaved-1f1b's 4 chunks (12.375 ms), then zb-h1 (12.5 ms).
     costs = [(1, 2, 1e3, 8e6, 0)] * 8
     graph = _graph(costs, [(i, i + 1) for i in range(7)])
     config = PlanConfig(workers=(2,), bandwidths=(1e12,), memory=7e7, schedule="auto")
     plan = make_plan(graph, config)
-    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 4
+    assert plan.schedule == "zb-v" and plan.virtual_stages == 2
+    assert [s.ranks for s in plan.stages] == [[0], [1], [1], [0]]
+    assert {(a.schedule, a.virtual_stages) for a in plan.alternatives} >= {
+        ("interleaved-1f1b", 4),
+        ("zb-h1", 1),
+    }
     _check(costs, [(i, i + 1) for i in range(7)], 2, 1e12, 7e7)
+    # --virtual-stages 4 tries chunked schedules at V = 4 only, which zb-v (a V of 2) is not.
+    plan = make_plan(graph, replace(config, virtual_stages=4))
+    assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 4
 
 
-def test_auto_replicates_interleaved_chunks_where_that_is_the_fastest() -> None:
+def test_auto_replicates_chunks_where_that_is_the_fastest() -> None:
     # 6 equal layers of 4 MB of parameters on 4 workers behind a 1 GB/s link: 2 worker stages of 2
-    # replicas x 3 chunks each beat every one-chunk schedule (2bw, zb-h1 on 2 x 2) and 4 x 1 chunks.
+    # replicas, each holding 2 chunks in a V (zb-v, 20.25 ms a unit) or 3 round-robin (interleaved,
+    # 20.251 ms), beat every one-chunk schedule (2bw, zb-h1 on 2 x 2) and 4 x 1 chunks.
     costs = [(4, 8, 1e3, 4e6, 0)] * 6
     edges = [(i, i + 1) for i in range(5)]
-    plan = make_plan(_graph(costs, edges), PlanConfig(workers=(4,), bandwidths=(1e9,), schedule="auto"))
+    config = PlanConfig(workers=(4,), bandwidths=(1e9,), schedule="auto")
+    plan = make_plan(_graph(costs, edges), config)
+    assert plan.schedule == "zb-v" and plan.virtual_stages == 2
+    assert [s.ranks for s in plan.stages] == [[0, 1], [2, 3], [2, 3], [0, 1]] and plan.world_size == 4
+    assert plan.microbatches % 2 == 0
+    assert {a.schedule for a in plan.alternatives} == {"zb-v", "interleaved-1f1b"}  # the runners-up
+    _check(costs, edges, 4, 1e9, None)
+    plan = make_plan(_graph(costs, edges), replace(config, virtual_stages=3))
     assert plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 3
     assert [s.ranks for s in plan.stages] == [[0, 1], [2, 3]] * 3 and plan.world_size == 4
     assert plan.in_flight == 2 and plan.microbatches % 4 == 0
-    assert {a.schedule for a in plan.alternatives} > {"interleaved-1f1b"}  # the others were in the race
-    _check(costs, edges, 4, 1e9, None)

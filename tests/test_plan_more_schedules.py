@@ -1,4 +1,5 @@
-"""pdplan plans interleaved-1f1b (V x S chunks), zb-h1 and 2bw, and its simulation predicts each."""
+"""pdplan plans interleaved-1f1b (V x S chunks), zb-h1, 2bw and zb-v (2 x S chunks in a V), and its simulation
+predicts each."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def test_interleaved_plan_holds_round_robin_chunks_of_consecutive_layers() -> No
     assert Plan.model_validate_json(p.model_dump_json()) == p
 
 
+def test_zb_v_plan_holds_its_chunks_in_a_v_and_steps_over_2s_microbatches() -> None:
+    p = _plan("zb-v", None)
+    assert p.virtual_stages == 2 and p.world_size == 4 and p.microbatches == 8
+    assert [s.ranks for s in p.stages] == [[0], [1], [2], [3], [3], [2], [1], [0]]
+    assert [layer for s in p.stages for layer in s.layers] == ["x", *(f"l{i}" for i in range(8))]
+    assert Plan.model_validate_json(p.model_dump_json()) == p
+    assert p.worker_chunks(0) == [0, 7] and p.chunk_worker(4) == 3
+    # Each chunk is one layer (f = 1, b = 2 ms, split into B = W = 1 ms): the drawn 4 x 8 grid of
+    # tests/test_schedule_zb_v.py at 1 ms a slot, 51 ms a step of 8.
+    assert simulate_plan(_graph(), p).time_per_minibatch_s * 1000 == pytest.approx(51 / 8, rel=1e-3)
+    check_schedule_runs(p)
+
+
 def test_the_simulation_predicts_each_schedule() -> None:
     # Per step of m = 8 on 4 workers of 2 layers (f = 2, b = 4 ms a stage): 1F1B-flush takes
     # (m + S - 1)(f + b) = 66 ms; interleaved's chunks (f = 1, b = 2) leave (S - 1) chunk slots,
@@ -82,6 +96,11 @@ def test_2bw_steps_over_the_units_in_flight_by_default() -> None:
             ["--schedule", "interleaved-1f1b", "--memory", "1e4"],
             "of the interleaved-1f1b plan (4 workers x 2 chunks",
         ),
+        (
+            ["--schedule", "zb-v", "--virtual-stages", "3"],
+            "zb-v places exactly 2 model chunks on each worker",
+        ),
+        (["--schedule", "zb-v", "--memory", "1e4"], "of the zb-v plan (4 workers x 2 chunks"),
         # Not make_plan's "--straight gives each of the 200 workers ...": the user gave neither.
         (["--schedule", "interleaved-1f1b", "--virtual-stages", "50"], "= 50 x 4 = 200 chunks"),
     ],
@@ -117,6 +136,16 @@ def test_old_plans_load_and_hand_edits_are_checked(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"stages\[5\]\.ranks: rank 2 of stage 5") as info:
         load_plan(path)
     assert "\n" not in str(info.value)
+    # A zb-v plan edited into round-robin ranks: stages[4] is chunk 1 of worker 3 in the V, not of worker 0.
+    data = json.loads(_plan("zb-v", None).model_dump_json())
+    for v, stage in enumerate(data["stages"]):
+        stage["ranks"] = [v % 4]
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        UserError, match=r"stages\[4\]\.ranks: rank 0 of stage 4 .* also runs stage 0; a rank runs"
+    ) as info:
+        load_plan(path)
+    assert "(stage 4 is chunk 1 of worker stage 3)" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_pdrun_runs_each_of_them() -> None:
@@ -146,7 +175,8 @@ def test_an_interleaved_split_whose_value_skips_a_chunk_is_refused_before_a_plan
     # Here a schedule of one chunk a worker simulates faster, and pdplan says why --virtual-stages went unused.
     assert load_plan(tmp_path / "a.json").virtual_stages == 1
     assert (
-        "--virtual-stages 2: interleaved-1f1b was searched and not chosen (its best simulated" in res.output
+        "--virtual-stages 2: interleaved-1f1b and zb-v were searched and not chosen (the best simulated"
+        in res.output
     )
     # A hand-made interleaved plan with the skip: validate names it.
     good = _plan("interleaved-1f1b", virtual=2, workers=2).model_copy(
