@@ -15,7 +15,9 @@ of ``microbatches x batch_size`` samples:
   ``ScheduleInterleavedZeroBubble`` (ZB1P, Qi et al.), the split's stages dealt out as
   pdrun deals an interleaved plan's chunks: with ``chunks`` V, rank ``r`` of ``world`` holds
   one ``PipelineStage`` per chunk ``c``, stage index ``c * world + r``. Both run with V = 1 too
-  (one stage a rank).
+  (one stage a rank);
+- ``pipe-zbv``: ``ScheduleZBVZeroBubble`` (ZB-V, Qi et al.), two stages a rank placed in a V
+  as pdrun places a zb-v plan's chunks: rank ``r`` holds stages ``r`` and ``2 world - 1 - r``.
 
 Each worker times its steps after ``warmup`` untimed ones and splits its time into
 compute (forward, backward, loss), optimizer and the rest (communication, waiting and
@@ -42,6 +44,7 @@ from torch import nn
 from pdrun.preload import preload_forkserver
 from shared.errors import RunError, UserError
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
+from shared.schedule import chunk_virtual
 from shared.spec import TraceOptions
 
 # torch.distributed.pipelining's schedule class behind each "pipe-" system.
@@ -50,9 +53,10 @@ PIPE_SCHEDULES = {
     "gpipe": "ScheduleGPipe",
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
     "zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
 }
 # The schedules that take a list of stages (PipelineScheduleMulti): several chunks a rank.
-MULTI_STAGE = ("interleaved-1f1b", "zb")
+MULTI_STAGE = ("interleaved-1f1b", "zb", "zbv")
 SYSTEMS = ("single", "ddp", *(f"pipe-{name}" for name in PIPE_SCHEDULES))
 
 
@@ -423,7 +427,8 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     if s.chunks > 1 and schedule_name not in MULTI_STAGE:
         raise UserError(f"pipelining: {PIPE_SCHEDULES[schedule_name]} runs one stage a rank, not {s.chunks}")
     patch_pipelining(s.bandwidth)
-    mine = [c * world + rank for c in range(s.chunks)]  # pdrun's chunk order: chunk c of worker w
+    # pdrun's chunk order: chunk c of worker w, round-robin, or in a V for ZB-V (shared.schedule.chunk_virtual).
+    mine = [chunk_virtual(world, rank, c, schedule_name == "zbv") for c in range(s.chunks)]
     modules: list[nn.Module] = []
     for index in mine:
         module: nn.Module = stages.modules[index]
@@ -456,7 +461,10 @@ def _run_pipe(s: Settings, rank: int, world: int, schedule_name: str) -> dict[st
     order = UnitOrder(x.shape[0], s.batch_size, s.seed)
     params = [p for m in modules for p in m.parameters()]
     opt = make_optimizer(params, s)
-    first, last = rank == 0, rank == world - 1  # rank 0 holds stage 0, the last rank stage n - 1
+    first, last = (
+        0 in mine,
+        n - 1 in mine,
+    )  # rank 0 holds stage 0; stage n - 1 is the last rank's, or rank 0's in a V
 
     def step(i: int) -> float | None:
         xb, yb = batch_at(x, y, order, i, s.microbatches)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ PDRUN_RUNS = {
     # V = 2 chunks), zb-h1 on the 2-stage plan the others run.
     "interleaved-1f1b": ("interleaved-1f1b", "auto"),
     "zb-h1": ("zb-h1", "auto"),
+    "zb-v": ("zb-v", "auto"),
 }
 # Baselines: label -> (system, channels-last). pipelining's stages also run in pdrun's layout (gloo
 # sends only contiguous tensors, so each stage hands its output on as NCHW, as a user would).
@@ -71,11 +72,21 @@ BASELINES = {
     "pipe-zb": ("pipe-zb", False),
     "pipe-interleaved-1f1b channels-last": ("pipe-interleaved-1f1b", True),
     "pipe-zb channels-last": ("pipe-zb", True),
+    "pipe-zbv": ("pipe-zbv", False),
+    "pipe-zbv channels-last": ("pipe-zbv", True),
     "single": ("single", False),
     "ddp": ("ddp", False),
 }
-# The runs on the chunked plan (V = 2 chunks a worker): the rest run the 2-stage plan.
-CHUNKED = ("interleaved-1f1b", "pipe-interleaved-1f1b", "pipe-interleaved-1f1b channels-last")
+# The runs on a chunked plan (V = 2 chunks a worker), by the schedule pdplan made it for: round-robin
+# (interleaved-1f1b) or in a V (zb-v), the same split. The rest run the 2-stage plan.
+ON_CHUNKS = {
+    "interleaved-1f1b": "interleaved-1f1b",
+    "pipe-interleaved-1f1b": "interleaved-1f1b",
+    "pipe-interleaved-1f1b channels-last": "interleaved-1f1b",
+    "zb-v": "zb-v",
+    "pipe-zbv": "zb-v",
+    "pipe-zbv channels-last": "zb-v",
+}
 VIRTUAL_STAGES = 2
 # Which baseline each pdrun schedule is compared with at equal settings (a case compares the pairs
 # whose both sides it runs).
@@ -111,11 +122,18 @@ PAIRS = (
         "pdrun interleaved-1F1B / pipelining ScheduleInterleaved1F1B (2 ranks x 2 chunks)",
     ),
     ("zb-h1", "pipe-zb", "pdrun ZB-H1 / pipelining ScheduleInterleavedZeroBubble (one stage a rank)"),
+    (
+        "zb-v",
+        "pipe-zbv channels-last",
+        "pdrun ZB-V / pipelining ScheduleZBVZeroBubble (2 ranks x 2 chunks in a V), both channels-last",
+    ),
+    ("zb-v", "pipe-zbv", "pdrun ZB-V / pipelining ScheduleZBVZeroBubble (2 ranks x 2 chunks in a V)"),
 )
 # The bubble table: each new schedule, its torch counterpart, and pdrun's 1f1b-flush; (pdrun's schedule
 # the simulator runs for the row, label). Interleaving divides 1F1B-flush's bubble by V (Narayanan et
 # al., SC'21, section 2.2.1); ZB-H1 cuts it to about a third at T_F = T_B = T_W (Qi et al., ICLR'24,
-# section 3.1): both papers say the bubble is smaller than 1F1B-flush's.
+# section 3.1), and ZB-V to about half of ZB-H1's (section 6): the papers say the bubble is smaller
+# than 1F1B-flush's.
 BUBBLE_ROWS = (
     ("1f1b-flush", "1f1b-flush"),
     ("interleaved-1f1b", "interleaved-1f1b"),
@@ -124,6 +142,9 @@ BUBBLE_ROWS = (
     ("zb-h1", "zb-h1"),
     ("zb-h1", "pipe-zb channels-last"),
     ("zb-h1", "pipe-zb"),
+    ("zb-v", "zb-v"),
+    ("zb-v", "pipe-zbv channels-last"),
+    ("zb-v", "pipe-zbv"),
 )
 SMALLER_BUBBLE = 0.9  # "measurably smaller": at most 0.9 of 1f1b-flush's measured idle fraction
 # The split of a rank's time the "where time goes" table gives, where a system measures it.
@@ -172,7 +193,7 @@ CNN = Case(
     "zoo:mnist_cnn",
     "zoo:mnist5k",
     64,
-    baselines=tuple(b for b in BASELINES if b not in ("pipe-interleaved-1f1b", "pipe-zb")),
+    baselines=tuple(b for b in BASELINES if b not in ("pipe-interleaved-1f1b", "pipe-zb", "pipe-zbv")),
 )
 # The zoo's GPT at 4 layers x 256 wide: 3-d activations, so no layout variants; no target, only the figure.
 GPT = Case(
@@ -188,8 +209,8 @@ GPT = Case(
         ("block_size", 64),
         ("vocab_size", PYDOC_VOCAB),
     ),
-    pdrun_runs=("1f1b-flush", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
-    baselines=("pipe-1f1b", "pipe-gpipe", "pipe-interleaved-1f1b", "pipe-zb", "single", "ddp"),
+    pdrun_runs=("1f1b-flush", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"),
+    baselines=("pipe-1f1b", "pipe-gpipe", "pipe-interleaved-1f1b", "pipe-zb", "pipe-zbv", "single", "ddp"),
     target=None,
     steps=12,
 )
@@ -274,15 +295,19 @@ def make_plan(work: Path, cfg: Config, case: Case = CNN) -> tuple[Path, Path, li
     return graph, plan_path, cmds
 
 
-def make_chunked_plan(work: Path, graph: Path, cfg: Config, case: Case) -> tuple[Path, str]:
-    """The interleaved plan of the same graph: 2 workers x ``VIRTUAL_STAGES`` chunks, the planner's cuts."""
-    path = work / f"plan-chunked{_slug(case.name)}.json"
+def make_chunked_plan(
+    work: Path, graph: Path, cfg: Config, case: Case, schedule: str = "interleaved-1f1b"
+) -> tuple[Path, str]:
+    """The chunked plan of the same graph: 2 workers x ``VIRTUAL_STAGES`` chunks, the planner's cuts, placed
+    round-robin (interleaved-1f1b) or in a V (zb-v)."""
+    name = "chunked" if schedule == "interleaved-1f1b" else schedule
+    path = work / f"plan-{name}{_slug(case.name)}.json"
     done = toolchain.plan(
         graph,
         path,
         2,
         cfg.bandwidth,
-        "interleaved-1f1b",
+        schedule,
         cfg.microbatches,
         straight=True,
         extra=["--virtual-stages", str(VIRTUAL_STAGES)],
@@ -304,7 +329,9 @@ def bench(work: Path, cfg: Config, cases: tuple[Case, ...] = CASES) -> Report:
 def _failure(exc: Exception) -> str:
     """One line for a run that failed: the table and the figure carry it, and the other runs go on."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"failed: {type(exc).__name__}: {lines[0] if lines else ''}"
+    # A worker's error is often "rank 1 failed: RuntimeError:" with its words on the next line.
+    head = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    return f"failed: {type(exc).__name__}: {head}"
 
 
 def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
@@ -316,23 +343,31 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
     plan = load_plan(plan_path)
     s = settings_from_plan(plan, cfg)
     failed: dict[str, str] = {}
-    chunked: Plan | None = None
-    chunked_path: Path | None = None
-    if any(label in CHUNKED for label in (*case.pdrun_runs, *case.baselines)):
+    # The chunked plans this case's runs need, by schedule (ON_CHUNKS): path and plan.
+    chunked: dict[str, tuple[Path, Plan]] = {}
+    for schedule in sorted({ON_CHUNKS[x] for x in (*case.pdrun_runs, *case.baselines) if x in ON_CHUNKS}):
         try:
-            chunked_path, chunked_cmd = make_chunked_plan(work, graph_path, cfg, case)
-            chunked = load_plan(chunked_path)
+            path, chunked_cmd = make_chunked_plan(work, graph_path, cfg, case, schedule)
+            chunked[schedule] = (path, load_plan(path))
             cmds.append(chunked_cmd)
-        except Exception as exc:  # the chunked runs fail with it; the others go on
-            failed.update(dict.fromkeys(CHUNKED, _failure(exc)))
+        except Exception as exc:  # the runs on it fail with it; the others go on
+            failed.update({x: _failure(exc) for x, on in ON_CHUNKS.items() if on == schedule})
+
+    def plan_of(label: str) -> tuple[Path, Plan] | None:
+        """The plan (path) a run of ``label`` runs: its chunked plan, or the 2-stage plan; None if not made."""
+        return chunked.get(ON_CHUNKS[label]) if label in ON_CHUNKS else (plan_path, plan)
+
     prefix = f"{case.name}: " if case.name else ""
     suffix = f" {case.name}" if case.name else ""
-    chunk_note = (
-        f"; interleaved runs: {len(chunked.stages)} chunks "
-        f"({' | '.join(str(len(st.layers)) for st in chunked.stages)} layers), chunk c of worker w at "
-        f"stages[c * 2 + w], torch's PipelineStage index the same"
-        if chunked is not None
-        else ""
+    chunk_note = "".join(
+        f"; {name} runs: {len(p.stages)} chunks ({' | '.join(str(len(st.layers)) for st in p.stages)} layers), "
+        + (
+            "chunk c of worker w at stages[c * 2 + w]"
+            if name == "interleaved-1f1b"
+            else "chunk 0 of worker w at stages[w], chunk 1 at stages[3 - w]"
+        )
+        + ", torch's PipelineStage index the same"
+        for name, (_, p) in chunked.items()
     )
     report.notes.append(
         f"{prefix}{case.model} {dict(case.model_args) or ''} on {case.data}: {len(plan.stages)} stages "
@@ -351,8 +386,9 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             if label in failed:
                 continue
             schedule, memory_format = PDRUN_RUNS[label]
-            path = chunked_path if label in CHUNKED else plan_path
-            assert path is not None
+            placed = plan_of(label)
+            assert placed is not None  # a plan that failed failed its runs above
+            path = placed[0]
             try:
                 got = run_pdrun(path, schedule, cfg, work, "rt" + _slug(case.name), memory_format)
             except Exception as exc:  # reported as failed; the other systems still run
@@ -366,11 +402,9 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             if label in failed:
                 continue
             system, channels_last = BASELINES[label]
-            if label in CHUNKED:
-                assert chunked is not None
-                run_s = replace(settings_from_plan(chunked, cfg), chunks=chunked.virtual_stages)
-            else:
-                run_s = s
+            placed = plan_of(label)
+            assert placed is not None
+            run_s = replace(settings_from_plan(placed[1], cfg), chunks=placed[1].virtual_stages)
             try:
                 r = run(system, replace(run_s, channels_last=channels_last), 2 if system == "ddp" else None)
             except Exception as exc:  # reported as failed; the other systems still run
@@ -453,7 +487,9 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             continue
         schedule, _ = PDRUN_RUNS[label]
         measured = _busy_fraction(best_runs[label].timing)
-        run_plan = chunked if label in CHUNKED and chunked is not None else plan
+        placed = plan_of(label)
+        assert placed is not None
+        run_plan = placed[1]
         ideal = ideal_busy_fraction(
             graph,
             run_plan,
@@ -471,7 +507,7 @@ def bench_case(work: Path, cfg: Config, case: Case, report: Report) -> None:
             }
         )
     report.tables[f"busy_fraction{suffix}"] = busy_rows
-    _bubble_table(report, case, graph, plan, chunked, cfg, best_runs, best_base, failed, prefix, suffix)
+    _bubble_table(report, case, graph, plan_of, cfg, best_runs, best_base, failed, prefix, suffix)
     for row in busy_rows:
         if row["schedule"] != "1f1b":
             continue
@@ -507,8 +543,7 @@ def _bubble_table(
     report: Report,
     case: Case,
     graph: LayerGraph,
-    plan: Plan,
-    chunked: Plan | None,
+    plan_of: Callable[[str], tuple[Path, Plan] | None],
     cfg: Config,
     runs: dict[str, PdrunRun],
     base: dict[str, Result],
@@ -526,7 +561,8 @@ def _bubble_table(
     for schedule, label in BUBBLE_ROWS:
         if label not in (*case.pdrun_runs, *case.baselines):
             continue
-        run_plan = chunked if label in CHUNKED else plan
+        placed = plan_of(label)
+        run_plan = placed[1] if placed is not None else None
         if run_plan is None:
             split = "-"
         elif run_plan.virtual_stages > 1:
@@ -544,8 +580,8 @@ def _bubble_table(
             "samples_per_s": math.nan,
             "simulated_idle_fraction": sim.bubble if sim else math.nan,
             "simulated_samples_per_s": (
-                plan.batch_size / sim.time_per_minibatch_s
-                if sim and sim.time_per_minibatch_s > 0
+                run_plan.batch_size / sim.time_per_minibatch_s
+                if sim and run_plan is not None and sim.time_per_minibatch_s > 0
                 else math.nan
             ),
             "command": failed.get(label, ""),
@@ -566,7 +602,7 @@ def _bubble_table(
             sim_idle[label] = row["simulated_idle_fraction"]
         rows.append(row)
     report.tables[f"bubble{suffix}"] = rows
-    for label in ("interleaved-1f1b", "zb-h1"):
+    for label in ("interleaved-1f1b", "zb-h1", "zb-v"):
         if label not in case.pdrun_runs or "1f1b-flush" not in case.pdrun_runs:
             continue
         cmd = runs[label].cmd if label in runs else report.command

@@ -90,7 +90,8 @@ def test_baselines_train_with_the_optimizer_they_are_given() -> None:
 
 def test_pipelining_multi_stage_schedules_run_and_match_sequential() -> None:
     # Interleaved 1F1B and interleaved zero bubble on 4 stages dealt to 2 ranks (rank r holds stages r
-    # and r + 2, pdrun's chunk order), and zero bubble with one stage a rank: each trains what one
+    # and r + 2, pdrun's chunk order), ZB-V on the same 4 stages in a V (rank r holds r and 3 - r, as
+    # pdrun places zb-v's chunks), and zero bubble with one stage a rank: each trains what one
     # process trains (the flush arithmetic). The cuts follow the residual adds: torch's zero bubble
     # detaches a sent output in place, which fails when the stage's own backward saved it (a ReLU's
     # output, as an even split of resmlp sends), with "a saved tensor that has been detached in-place".
@@ -99,7 +100,7 @@ def test_pipelining_multi_stage_schedules_run_and_match_sequential() -> None:
     )
     four = _cut_at(base, ["blocks_1_fc1", "blocks_2_fc1", "head"], chunks=2, steps=2)
     expected = _sequential_losses(four)
-    for system in ("pipe-interleaved-1f1b", "pipe-zb"):
+    for system in ("pipe-interleaved-1f1b", "pipe-zb", "pipe-zbv"):
         result = run(system, four)
         assert result.world == 2 and len(result.ranks) == 2 and result.steps == 2, system
         assert all(r.compute_s > 0 for r in result.ranks), system
@@ -232,8 +233,9 @@ def test_time_to_accuracy_keeps_each_systems_best_rate_from_the_sweep() -> None:
 def test_bubble_table_simulates_each_schedule_on_its_own_split() -> None:
     # bench_runtime's simulated column: pdrun's program of each schedule on the split it runs. On a
     # uniform chain of 8 layers, 2 workers, M = 4, both papers' claims hold in the simulation: the
-    # interleaved plan (2 chunks a worker) and ZB-H1 idle less than 1F1B-flush on 2 stages; every
-    # ideal busy fraction is at most 1 (the interleaved plan counts its 2 workers, not its 4 chunks).
+    # interleaved plan (2 chunks a worker), ZB-H1 and ZB-V (2 chunks in a V) idle less than 1F1B-flush
+    # on 2 stages, ZB-V least; every ideal busy fraction is at most 1 (a chunked plan counts its 2
+    # workers, not its 4 chunks).
     from bench.bench_planner import synthetic_chain
     from bench.bench_runtime import ideal_busy_fraction, simulated
     from pdplan.build import PlanConfig, make_plan
@@ -254,12 +256,20 @@ def test_bubble_table_simulates_each_schedule_on_its_own_split() -> None:
         2,
     )
     assert len(two.stages) == 2 and len(chunked.stages) == 4 and chunked.virtual_stages == 2
+    vee = plan_for(
+        graph,
+        PlanConfig(workers=(2,), bandwidths=(1e12,), straight=True, schedule="zb-v", microbatches=4),
+        2,
+    )
+    assert [s.ranks for s in vee.stages] == [[0], [1], [1], [0]]
     flush = simulated(graph, two, "1f1b-flush", 4)
     inter = simulated(graph, chunked, "interleaved-1f1b", 4)
     zb = simulated(graph, two, "zb-h1", 4)
+    zbv = simulated(graph, vee, "zb-v", 4)
     assert 0 < inter.bubble < flush.bubble and 0 <= zb.bubble < flush.bubble
+    assert 0 <= zbv.bubble < min(zb.bubble, inter.bubble)
     assert inter.time_per_minibatch_s < flush.time_per_minibatch_s
-    for plan, schedule in ((two, "1f1b-flush"), (two, "zb-h1"), (chunked, "interleaved-1f1b")):
+    for plan, schedule in ((two, "1f1b-flush"), (two, "zb-h1"), (chunked, "interleaved-1f1b"), (vee, "zb-v")):
         busy = ideal_busy_fraction(graph, plan, schedule, 4)
         assert 0 < busy <= 1 + 1e-9, (schedule, busy)
 
@@ -270,7 +280,10 @@ def test_each_case_compares_the_pairs_it_runs() -> None:
     from bench.bench_runtime import CNN, GPT, PAIRS
 
     assert all(p in PAIRS for p in GPT.pairs)
-    assert ("interleaved-1f1b", "pipe-interleaved-1f1b", GPT.pairs[-2][2]) in GPT.pairs
+    assert {("interleaved-1f1b", "pipe-interleaved-1f1b"), ("zb-v", "pipe-zbv")} <= {
+        (a, b) for a, b, _ in GPT.pairs
+    }
     assert not any("channels-last" in theirs for _, theirs, _ in GPT.pairs)
     cnn = {(ours, theirs) for ours, theirs, _ in CNN.pairs}
     assert ("zb-h1", "pipe-zb channels-last") in cnn and ("zb-h1", "pipe-zb") not in cnn
+    assert ("zb-v", "pipe-zbv channels-last") in cnn and ("zb-v", "pipe-zbv") not in cnn
