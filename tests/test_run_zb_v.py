@@ -8,15 +8,19 @@ Compared parameter by parameter with the sequential training of tests/test_run_f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from pdrun.cli import main
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
-from shared.plan import Plan
+from shared.plan import Plan, save_plan
 from shared.schedule import chunk_owner
 from shared.spec import RunSpec
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
@@ -89,3 +93,30 @@ def test_zb_v_equals_sequential(
         for v in got:
             assert v[0]["count"] == want_val[0]["count"] > 0 and v[0]["correct"] == want_val[0]["correct"]
             assert v[0]["loss_sum"] == pytest.approx(want_val[0]["loss_sum"], rel=1e-9)
+
+
+@pytest.mark.timeout(180)
+def test_a_zb_v_run_resumed_from_its_checkpoint_trains_as_one_run(tmp_path: Path) -> None:
+    # Each chunk is written as its virtual stage (rank 0's two files are stages 0 and 3) and restored so:
+    # 2 steps, a checkpoint and 2 more resumed give the weights of 4 steps in one run.
+    path = tmp_path / "plan.json"
+    save_plan(zb_v_plan([3, 6, 9], 2, 8, 4), path)
+    common = ["-q", "--no-val", "--dtype", "float64", "--lr", "0.2", "--momentum", "0.9", "--seed", "6"]
+
+    def run(*args: str) -> dict[str, Any]:
+        res = CliRunner().invoke(main, [str(path), *common, *args])
+        assert res.exit_code == 0, res.output
+        out: dict[str, Any] = json.loads(res.stdout)
+        return out
+
+    run("--steps", "4", "--checkpoint-dir", str(tmp_path / "w"))
+    ck = tmp_path / "ck"
+    assert run("--steps", "2", "--checkpoint-dir", str(ck))["checkpoint_steps"] == [2]
+    resumed = run("--steps", "2", "--checkpoint-dir", str(ck), "--resume")
+    assert resumed["resumed_from_step"] == 2 and resumed["checkpoint_steps"] == [4]
+    for s in range(4):
+        want = torch.load(tmp_path / "w" / "step-000004" / f"stage{s}.pt", weights_only=True)["model"]
+        got = torch.load(ck / "step-000004" / f"stage{s}.pt", weights_only=True)["model"]
+        assert set(got) == set(want) and all(
+            torch.allclose(got[k], want[k], rtol=0, atol=1e-12) for k in want
+        )
