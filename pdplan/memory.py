@@ -70,7 +70,16 @@ from collections.abc import Sequence
 
 from shared.graph import LayerGraph
 from shared.plan import Plan, StageMemory
-from shared.schedule import VSHAPED, Instr, Kind, ScheduleError, build_program, chunk_owner, max_in_flight
+from shared.schedule import (
+    VSHAPED,
+    Instr,
+    Kind,
+    ScheduleError,
+    build_program,
+    chunk_owner,
+    max_in_flight,
+    peak_held,
+)
 
 # Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
 # momentum is set; Adam keeps exp_avg and exp_avg_sq).
@@ -202,14 +211,7 @@ def _chunk_peak(instrs: Sequence[Instr], chunk: int) -> int:
     where the backward is split (zb-v) whose weight gradients (W) are not yet taken, W reading the
     layers' saved inputs."""
     done = Kind.WEIGHT if any(ins.kind is Kind.WEIGHT for ins in instrs) else Kind.BACKWARD
-    live = peak = 0
-    for ins in instrs:
-        if ins.chunk == chunk and ins.kind is Kind.FORWARD:
-            live += 1
-            peak = max(peak, live)
-        elif ins.chunk == chunk and ins.kind is done:
-            live -= 1
-    return peak
+    return peak_held(instrs, done, chunk)
 
 
 def _measured(graph: LayerGraph, key: str) -> float | None:

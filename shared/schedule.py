@@ -652,17 +652,22 @@ def build_program(
 
 def max_in_flight(program: Program) -> dict[Worker, int]:
     """Per worker, the most units forwarded but not yet backwarded at once (activations / stashed weights)."""
-    peaks: dict[Worker, int] = {}
-    for w, instrs in program.items():
-        live = peak = 0
-        for ins in instrs:
-            if ins.kind is Kind.FORWARD:
-                live += 1
-                peak = max(peak, live)
-            elif ins.kind is Kind.BACKWARD:
-                live -= 1
-        peaks[w] = peak
-    return peaks
+    return {w: peak_held(instrs) for w, instrs in program.items()}
+
+
+def peak_held(instrs: Iterable[Instr], until: Kind = Kind.BACKWARD, chunk: int | None = None) -> int:
+    """The most units a worker's list holds at once: forwarded and not yet past ``until`` (its backward, or
+    under a split backward its W); of one ``chunk`` only when given."""
+    live = peak = 0
+    for ins in instrs:
+        if chunk is not None and ins.chunk != chunk:
+            continue
+        if ins.kind is Kind.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif ins.kind is until:
+            live -= 1
+    return peak
 
 
 def compute_units(instrs: Iterable[Instr], kind: Kind) -> list[int]:

@@ -80,6 +80,20 @@ def lower_chunked(pipe: Pipeline, worker: Worker, ops: Iterable[Instr]) -> Itera
             yield ins
 
 
+def check_chunked_chain(name: str, pipe: Pipeline) -> None:
+    """What every chunked schedule needs: at least 2 stages in a chain, the same replicas at each (every
+    replica index a pipeline of its own); ScheduleError naming ``name`` otherwise."""
+    if pipe.stages < 2:
+        raise ScheduleError(f"stages: {name} needs at least 2 stages, got {pipe.stages}")
+    if len(set(pipe.replicas)) != 1:
+        raise ScheduleError(
+            f"replicas: {name} runs the same number of replicas at every stage (each replica "
+            f"index a pipeline of its own), got {list(pipe.replicas)}"
+        )
+    if pipe.edges != tuple((s, s + 1) for s in range(pipe.stages - 1)):
+        raise ScheduleError(f"stage_edges: {name} runs a chain of stages, got {list(pipe.edges)}")
+
+
 def interleaved_order(
     stages: int, chunks: int, microbatches: int, stage: int
 ) -> Iterator[tuple[Kind, int, int]]:
@@ -116,7 +130,27 @@ def interleaved_order(
         yield (Kind.BACKWARD, *backward(k))
 
 
-class InterleavedOneFOneB(_Flush):
+class _Chunked(_Flush):
+    """A flushing schedule over model chunks: each step, a replica's order of (kind, microbatch, chunk) over
+    its ``M / n`` microbatches, then the step's all-reduce and step; lowered over virtual stages."""
+
+    def step_order(self, pipe: Pipeline, stage: int, microbatches: int) -> Iterable[tuple[Kind, int, int]]:
+        raise NotImplementedError
+
+    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        stage, replica = worker
+        m, n = pipe.microbatches, pipe.replicas[stage]
+        for start in range(first, stop, m):
+            # The replica's k-th microbatch of the step is the step's unit k n + replica.
+            for kind, k, chunk in self.step_order(pipe, stage, m // n):
+                yield Instr(kind, start + k * n + replica, None, chunk)
+            yield from end_step(pipe, stage, start + m - 1)
+
+    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
+        return lower_chunked(pipe, worker, self.compute(pipe, worker, first, stop))
+
+
+class InterleavedOneFOneB(_Chunked):
     """``interleaved-1f1b``: V model chunks per worker, flushed every ``microbatches`` units (SC'21).
 
     Needs the chain of stages, at least 2 stages and 2 chunks, the same number of replicas
@@ -145,15 +179,7 @@ class InterleavedOneFOneB(_Flush):
                 f"chunks: {self.name} needs at least 2 model chunks per worker, got {pipe.chunks} "
                 "(with one chunk it is 1f1b-flush)"
             )
-        if pipe.stages < 2:
-            raise ScheduleError(f"stages: {self.name} needs at least 2 stages, got {pipe.stages}")
-        if len(set(pipe.replicas)) != 1:
-            raise ScheduleError(
-                f"replicas: {self.name} runs the same number of replicas at every stage (each replica "
-                f"index a pipeline of its own), got {list(pipe.replicas)}"
-            )
-        if pipe.edges != tuple((s, s + 1) for s in range(pipe.stages - 1)):
-            raise ScheduleError(f"stage_edges: {self.name} runs a chain of stages, got {list(pipe.edges)}")
+        check_chunked_chain(self.name, pipe)
         group = pipe.stages * pipe.replicas[0]
         if pipe.microbatches % group:
             m, n, r = pipe.microbatches, pipe.stages, pipe.replicas[0]
@@ -163,17 +189,8 @@ class InterleavedOneFOneB(_Flush):
                 f"in groups of {n}); use {max(group, m - m % group)}"
             )
 
-    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
-        stage, replica = worker
-        m, n = pipe.microbatches, pipe.replicas[stage]
-        for start in range(first, stop, m):
-            # The replica's k-th microbatch of the step is the step's unit k n + replica.
-            for kind, k, chunk in interleaved_order(pipe.stages, pipe.chunks, m // n, stage):
-                yield Instr(kind, start + k * n + replica, None, chunk)
-            yield from end_step(pipe, stage, start + m - 1)
-
-    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
-        return lower_chunked(pipe, worker, self.compute(pipe, worker, first, stop))
+    def step_order(self, pipe: Pipeline, stage: int, microbatches: int) -> Iterable[tuple[Kind, int, int]]:
+        return interleaved_order(pipe.stages, pipe.chunks, microbatches, stage)
 
 
 # ---------------------------------------------------------------------------- zero bubble
@@ -321,7 +338,7 @@ def zb_v_orders(stages: int, microbatches: int) -> tuple[tuple[tuple[Kind, int, 
     return tuple(tuple(o) for o in orders)
 
 
-class ZeroBubbleV(_Flush):
+class ZeroBubbleV(_Chunked):
     """``zb-v``: two chunks a worker placed in a V, backwards split into B and W, flushed every step (ICLR'24).
 
     Needs the chain of stages, at least 2 stages, exactly 2 chunks, the same number of
@@ -339,15 +356,7 @@ class ZeroBubbleV(_Flush):
             raise ScheduleError(
                 f"chunks: {self.name} runs 2 model chunks per worker (a V), got {pipe.chunks}"
             )
-        if pipe.stages < 2:
-            raise ScheduleError(f"stages: {self.name} needs at least 2 stages, got {pipe.stages}")
-        if len(set(pipe.replicas)) != 1:
-            raise ScheduleError(
-                f"replicas: {self.name} runs the same number of replicas at every stage (each replica "
-                f"index a pipeline of its own), got {list(pipe.replicas)}"
-            )
-        if pipe.edges != tuple((s, s + 1) for s in range(pipe.stages - 1)):
-            raise ScheduleError(f"stage_edges: {self.name} runs a chain of stages, got {list(pipe.edges)}")
+        check_chunked_chain(self.name, pipe)
         n = pipe.replicas[0]
         if pipe.microbatches % n:
             m = pipe.microbatches
@@ -356,17 +365,8 @@ class ZeroBubbleV(_Flush):
                 f"the same share of a step); use {max(n, m - m % n)}"
             )
 
-    def compute(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
-        stage, replica = worker
-        m, n = pipe.microbatches, pipe.replicas[stage]
-        order = zb_v_orders(pipe.stages, m // n)[stage]
-        for start in range(first, stop, m):
-            for kind, k, chunk in order:
-                yield Instr(kind, start + k * n + replica, None, chunk)
-            yield from end_step(pipe, stage, start + m - 1)
-
-    def program(self, pipe: Pipeline, worker: Worker, first: int, stop: int) -> Iterator[Instr]:
-        return lower_chunked(pipe, worker, self.compute(pipe, worker, first, stop))
+    def step_order(self, pipe: Pipeline, stage: int, microbatches: int) -> Iterable[tuple[Kind, int, int]]:
+        return zb_v_orders(pipe.stages, microbatches)[stage]
 
 
 # ---------------------------------------------------------------------------- PipeDream-2BW

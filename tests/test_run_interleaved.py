@@ -38,6 +38,31 @@ DEEPER = RESMLP.model_copy(update={"model_args": {"width": 32, "depth": 6}})  # 
 DEEPER_BLOCKS = [4, 8, 12, 16, 20, 24, 28]
 
 
+def assert_one_process(results: list[Any], spec: RunSpec, cfg: RunConfig, batch: int, replicas: int) -> None:
+    """Every replica's parameters equal one process's training at ``batch`` (float64, 1e-6), which moved."""
+    initial, want = sequential(
+        spec,
+        steps=cfg.steps,
+        batch=batch,
+        seed=cfg.seed,
+        dtype=torch.float64,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+    )
+    for r in range(replicas):  # every replica ends with the same weights, one process's
+        assert_same({k: p for x in results if x.replica == r for k, p in x.params.items()}, want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+
+
+def run_float64(plan: Path, *args: str) -> dict[str, Any]:
+    """``pdrun PLAN`` in float64 at the resume tests' settings, quietly, without validation: its JSON summary."""
+    common = ["-q", "--no-val", "--dtype", "float64", "--lr", "0.2", "--momentum", "0.9", "--seed", "6"]
+    res = CliRunner().invoke(main, [str(plan), *common, *args])
+    assert res.exit_code == 0, res.output
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
 def interleaved_plan(
     cuts: list[int],
     workers: int,
@@ -108,13 +133,7 @@ def test_replicated_interleaved_equals_sequential(workers: int, replicas: int, m
     cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=True)
     results = launch(plan, cfg)
     assert results is not None and len(results) == workers * replicas
-    initial, want = sequential(
-        RESMLP, steps=steps, batch=batch * m, seed=seed, dtype=torch.float64, lr=lr, momentum=0.9
-    )
-    assert_same(pipeline_params(results), want, 1e-6)
-    for r in range(1, replicas):  # every replica ends with the same weights, one process's
-        assert_same({k: p for x in results if x.replica == r for k, p in x.params.items()}, want, 1e-6)
-    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    assert_one_process(results, RESMLP, cfg, batch * m, replicas)
     assert all(r.steps == steps and r.units == steps * m for r in results)
     assert all(r.replica_sum for r in results)  # every rank all-reduced with its stage's other replica
     # Validation: each replica scores its own units; the sums over the replicas are the whole set's.
@@ -203,13 +222,9 @@ def test_an_interleaved_run_resumed_from_its_checkpoint_trains_as_one_run(tmp_pa
     path = tmp_path / "plan.json"
     save_plan(interleaved_plan([3, 6, 9], 2, 2, 8, 4), path)
     ck = tmp_path / "ck"
-    common = ["-q", "--no-val", "--dtype", "float64", "--lr", "0.2", "--momentum", "0.9", "--seed", "6"]
 
     def run(*args: str) -> dict[str, Any]:
-        res = CliRunner().invoke(main, [str(path), *common, *args])
-        assert res.exit_code == 0, res.output
-        out: dict[str, Any] = json.loads(res.stdout)
-        return out
+        return run_float64(path, *args)
 
     run("--steps", "4", "--metrics", str(tmp_path / "whole.parquet"), "--checkpoint-dir", str(tmp_path / "w"))
     first = run("--steps", "2", "--checkpoint-dir", str(ck), "--metrics", str(tmp_path / "a.parquet"))

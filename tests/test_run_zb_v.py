@@ -8,23 +8,21 @@ Compared parameter by parameter with the sequential training of tests/test_run_f
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from pdrun.cli import main
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
 from shared.plan import Plan, save_plan
 from shared.schedule import chunk_owner
 from shared.spec import RunSpec
-from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
-from tests.test_run_interleaved import DEEPER, DEEPER_BLOCKS
+from tests.test_run_flush import RESMLP
+from tests.test_run_interleaved import DEEPER, DEEPER_BLOCKS, assert_one_process, run_float64
 
 
 def zb_v_plan(
@@ -52,25 +50,12 @@ def test_zb_v_equals_sequential(
 ) -> None:
     batch, steps, seed, lr = 8, 5, 6, 0.2
     plan = zb_v_plan(cuts, workers, batch, m, spec, replicas)
-    cfg = RunConfig(
-        steps=steps,
-        seed=seed,
-        dtype="float64",
-        lr=lr,
-        momentum=0.9,
-        record=True,
-        validate=replicas > 1,
-        trace=str(tmp_path / "trace.json"),
-    )
+    trace = str(tmp_path / "trace.json")
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, trace=trace)
+    cfg = replace(cfg, validate=replicas > 1)
     results = launch(plan, cfg)
     assert results is not None and len(results) == workers * replicas
-    initial, want = sequential(
-        spec, steps=steps, batch=batch * m, seed=seed, dtype=torch.float64, lr=lr, momentum=0.9
-    )
-    assert_same(pipeline_params(results), want, 1e-6)
-    for r in range(1, replicas):  # every replica ends with the same weights, one process's
-        assert_same({k: p for x in results if x.replica == r for k, p in x.params.items()}, want, 1e-6)
-    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3
+    assert_one_process(results, spec, cfg, batch * m, replicas)
     assert all(r.steps == steps and r.units == steps * m for r in results)
     # The loss is on the first worker (the V's last chunk), which reports it.
     last = next(r for r in results if r.stage == len(plan.stages) - 1)
@@ -101,13 +86,9 @@ def test_a_zb_v_run_resumed_from_its_checkpoint_trains_as_one_run(tmp_path: Path
     # 2 steps, a checkpoint and 2 more resumed give the weights of 4 steps in one run.
     path = tmp_path / "plan.json"
     save_plan(zb_v_plan([3, 6, 9], 2, 8, 4), path)
-    common = ["-q", "--no-val", "--dtype", "float64", "--lr", "0.2", "--momentum", "0.9", "--seed", "6"]
 
     def run(*args: str) -> dict[str, Any]:
-        res = CliRunner().invoke(main, [str(path), *common, *args])
-        assert res.exit_code == 0, res.output
-        out: dict[str, Any] = json.loads(res.stdout)
-        return out
+        return run_float64(path, *args)
 
     run("--steps", "4", "--checkpoint-dir", str(tmp_path / "w"))
     ck = tmp_path / "ck"

@@ -16,6 +16,7 @@ from shared.schedule import (
     get_schedule,
     make_pipeline,
     max_in_flight,
+    peak_held,
 )
 from shared.schedule_check import validate_program, validate_run
 from shared.schedule_grid import draw_grid
@@ -45,18 +46,6 @@ def _chunk0_warmup(instrs: list[Instr]) -> int:
     return next(k for k, i in enumerate(forwards) if i.chunk == 1)
 
 
-def _peak_held(instrs: list[Instr]) -> int:
-    """The most chunk-units a worker holds at once: forwarded and weight gradient (W) not yet taken."""
-    live = peak = 0
-    for ins in instrs:
-        if ins.kind is Kind.FORWARD:
-            live += 1
-            peak = max(peak, live)
-        elif ins.kind is Kind.WEIGHT:
-            live -= 1
-    return peak
-
-
 def test_the_v_places_chunk_one_backwards_and_turns_on_the_last_worker() -> None:
     assert [chunk_virtual(4, w, c, vshape=True) for c in (0, 1) for w in range(4)] == [0, 1, 2, 3, 7, 6, 5, 4]
     assert all(chunk_owner(4, chunk_virtual(4, w, c, True), True) == (w, c) for w in range(4) for c in (0, 1))
@@ -78,7 +67,7 @@ def test_zb_v_invariants_memory_and_bubble(stages: int, groups: int, replicas: i
     for (s, r), instrs in program.items():
         assert _chunk0_warmup(instrs) == min(m // replicas, 2 * (stages - s) - 1), (s, r)
         # 1F1B's activation memory: 2S units of half a stage each, the first stage's S units in 1F1B.
-        assert _peak_held(instrs) <= 2 * stages
+        assert peak_held(instrs, Kind.WEIGHT) <= 2 * stages  # forwarded, W not yet taken
         mine = [i.unit for i in instrs if i.kind is Kind.FORWARD and i.chunk == 0]
         assert all(u % replicas == r for u in mine) and len(mine) == 2 * m // replicas
     run = simulate(program, Costs.uniform(stages))
