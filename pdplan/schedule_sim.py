@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from pdplan.costs import allreduce_s, span_bandwidth
 from shared.graph import LayerGraph, Node
 from shared.plan import Level, Plan
-from shared.schedule import Program, build_program, chunk_owner
+from shared.schedule import SPLIT_BACKWARD, Program, build_program, chunk_owner
 from shared.simulate import Costs, simulate
 
 # Units simulated: enough steps that the quartile window of shared.simulate is steady state.
@@ -265,7 +265,7 @@ def as_run(plan: Plan, costs: Costs) -> Costs:
     B split from W (zb-h1, zb-v)."""
     if plan.virtual_stages > 1:
         costs = chunked_costs(costs, plan.virtual_stages, plan.vshape)
-    return split_backward(costs) if plan.schedule in ("zb-h1", "zb-v") else costs
+    return split_backward(costs) if plan.schedule in SPLIT_BACKWARD else costs
 
 
 def chunked_costs(costs: Costs, chunks: int, vshape: bool = False) -> Costs:

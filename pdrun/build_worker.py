@@ -34,6 +34,7 @@ from shared.errors import UserError
 from shared.layout import module_to_channels_last, use_channels_last
 from shared.plan import Plan
 from shared.resolve import resolve_loss, resolve_model
+from shared.schedule import SPLIT_BACKWARD
 from shared.tracer import place, trace
 
 
@@ -168,7 +169,7 @@ def build_worker(
         recompute=plan.schedule == "1f1b" and not cfg.stash,
         trace=cfg.trace is not None,
         channels_last=model.channels_last,
-        split_backward=plan.schedule in ("zb-h1", "zb-v"),
+        split_backward=plan.schedule in SPLIT_BACKWARD,
         lr_at=lambda step: cfg.lr_at(step, total),
         on_step=on_step,
         tied=tied,

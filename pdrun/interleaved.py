@@ -49,9 +49,7 @@ from shared.schedule import (
     SENDS,
     Instr,
     Kind,
-    chunk_owner,
-    chunk_virtual,
-    pipeline,
+    Pipeline,
     worker_program,
 )
 from shared.schedule_more import lower_chunked
@@ -113,27 +111,26 @@ class _UnitRelease:
             self.comm.release(unit)
 
 
-def virtual_instr(ins: Instr, stage: int, stages: int, vshape: bool = False) -> tuple[int, Instr]:
+def virtual_instr(ins: Instr, stage: int, pipe: Pipeline) -> tuple[int, Instr]:
     """(the local chunk that runs ``ins``, or ALL_CHUNKS; ``ins`` as that chunk's virtual-stage worker sees it).
 
     A compute op runs on its chunk. A send goes from the sender's chunk (its label) to the
     next (activations) or previous (gradients) virtual stage; a receive is labelled with the
     sender's chunk, so its own chunk is the virtual stage after (before) the sender's. The
     peer keeps its replica: a unit stays on one replica index through every chunk. Virtual
-    stages are ``shared.schedule.chunk_virtual``'s: round-robin, or in a V (``vshape``, zb-v).
+    stages are ``pipe``'s (``shared.schedule.chunk_virtual``): round-robin, or in a V (zb-v).
     """
-    n = stages
     if ins.kind in SENDS:
         assert ins.peer is not None
-        v = chunk_virtual(n, stage, ins.chunk, vshape)
+        v = pipe.virtual(stage, ins.chunk)
         return ins.chunk, Instr(
             ins.kind, ins.unit, (v + 1 if ins.kind is Kind.SEND_ACT else v - 1, ins.peer[1])
         )
     if ins.kind in RECVS:
         assert ins.peer is not None
-        sender = chunk_virtual(n, ins.peer[0], ins.chunk, vshape)
+        sender = pipe.virtual(ins.peer[0], ins.chunk)
         v = sender + 1 if ins.kind is Kind.RECV_ACT else sender - 1
-        return chunk_owner(n, v, vshape)[1], Instr(ins.kind, ins.unit, (sender, ins.peer[1]))
+        return pipe.chunk_of(v)[1], Instr(ins.kind, ins.unit, (sender, ins.peer[1]))
     if ins.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT):
         return ins.chunk, Instr(ins.kind, ins.unit)
     return ALL_CHUNKS, ins
@@ -144,11 +141,10 @@ def run_chunks(
     comm: Transport,
     instrs: Any,
     stage: int,
-    stages: int,
+    pipe: Pipeline,
     base: int,
     events: list[dict[str, Any]] | None = None,
     tied: TiedGradients | None = None,
-    vshape: bool = False,
 ) -> None:
     """Run one program's stream, each instruction on its chunk's worker (receives posted as they come).
 
@@ -159,7 +155,7 @@ def run_chunks(
         w.base = base
         w.stats = StepStats(time.perf_counter())
     for i, ins in enumerate(instrs):
-        c, vins = virtual_instr(ins, stage, stages, vshape)
+        c, vins = virtual_instr(ins, stage, pipe)
         if tied is not None and ins.kind is Kind.STEP:
             # Every chunk's backward of the step is done; each chunk's step then sees the summed gradient.
             # (Timed with the first chunk's step: a collective the rank waits in, as the one-chunk runner does.)
@@ -217,22 +213,19 @@ def _thread_names(chunks: list[Worker], rank: int) -> list[dict[str, Any]]:
     ]
 
 
-def forward_only_stream(
-    worker: tuple[int, int], replicas: int, workers: int, chunks: int, units: int, vshape: bool = False
-) -> Iterator[Instr]:
+def forward_only_stream(worker: tuple[int, int], pipe: Pipeline, units: int) -> Iterator[Instr]:
     """The validation pass of rank ``worker`` (stage, replica), as its training stream names instructions.
 
     Unit by unit, each of the rank's chunks in turn: the receive from the virtual stage before
     (labelled with the sender's chunk, [Note: chunks]), the forward, the send to the virtual
     stage after. A unit goes through all V x S virtual stages before the next starts, so the
     messages between two ranks come in the order both ends read them, whatever the chunk;
-    unpipelined, as a pass once an epoch can be. With ``replicas`` per stage, a replica runs
-    the units it owns in training (``u % replicas``), its peers of the same replica.
+    unpipelined, as a pass once an epoch can be. With ``pipe``'s n replicas per stage, a replica
+    runs the units it owns in training (``u % n``), its peers of the same replica.
     """
-    replica = worker[1]
-    pipe = pipeline([replicas] * workers, chunks=chunks, vshape=vshape)
-    for u in range(replica, units, replicas):
-        yield from lower_chunked(pipe, worker, (Instr(Kind.FORWARD, u, None, c) for c in range(chunks)))
+    stage, replica = worker
+    for u in range(replica, units, pipe.replicas[stage]):
+        yield from lower_chunked(pipe, worker, (Instr(Kind.FORWARD, u, None, c) for c in range(pipe.chunks)))
 
 
 def validate_chunks(
@@ -240,8 +233,7 @@ def validate_chunks(
     comm: Transport,
     units: Units,
     worker: tuple[int, int],
-    workers: int,
-    vshape: bool = False,
+    pipe: Pipeline,
 ) -> tuple[float, int, int, int]:
     """:meth:`pdrun.worker.Worker.validate` for a rank's chunks: (loss sum, correct, samples, scored).
 
@@ -250,9 +242,8 @@ def validate_chunks(
     stage = worker[0]
     for w in chunks:
         w.config.stage.module.eval()  # dropout off, BatchNorm on its running statistics
-    replicas = len(chunks[0].config.peers.ranks[chunks[0].s])  # every stage has as many
-    for ins in forward_only_stream(worker, replicas, workers, len(chunks), units.per_epoch, vshape):
-        c, vins = virtual_instr(ins, stage, workers, vshape)
+    for ins in forward_only_stream(worker, pipe, units.per_epoch):
+        c, vins = virtual_instr(ins, stage, pipe)
         chunks[c].val_instr(vins, units, tally)
     comm.drain()
     for w in chunks:
@@ -287,7 +278,6 @@ def train_interleaved(
     comm: Transport,
 ) -> Any:
     """``pdrun.runner._train`` for an interleaved plan: this rank's V chunk workers; every result on rank 0."""
-    n = len(plan.stages) // plan.virtual_stages
     model = build_model(plan, cfg, device, dtype)
     part = model.part
     val_units = validation.units(model.val_set, plan, cfg)
@@ -343,13 +333,13 @@ def train_interleaved(
             end = base + length
             for units in cut_at(length, base, every):
                 program = worker_program(schedule, pipe, (s, replica), units)
-                run_chunks(chunks, shared, program, s, n, base, events, tied, plan.vshape)
+                run_chunks(chunks, shared, program, s, pipe, base, events, tied)
                 base += units
                 if cfg.checkpoint_dir and every and base % every == 0 and base < end:
                     save()  # the segment's end checkpoints after validation, below
             if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
                 entry = validation.entry(
-                    shown, validate_chunks(chunks, shared, val_units, (s, replica), n, plan.vshape), epoch
+                    shown, validate_chunks(chunks, shared, val_units, (s, replica), pipe), epoch
                 )
                 done.append(entry)
                 progress.validated(entry)

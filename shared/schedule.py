@@ -236,6 +236,7 @@ def in_flight_bounds(
 # ---------------------------------------------------------------------------- chunk placement
 
 VSHAPED = frozenset({"zb-v"})  # the schedules whose chunks sit in a V rather than round-robin
+SPLIT_BACKWARD = frozenset({"zb-h1", "zb-v"})  # the schedules whose backward is B, then W (zero bubble)
 
 
 def chunk_virtual(stages: int, stage: int, chunk: int, vshape: bool = False) -> int:

@@ -167,7 +167,7 @@ def test_an_interleaved_run_traces_every_instruction_in_its_chunks_thread() -> N
         # sender's); a step runs on every chunk, one box in each chunk's thread.
         want = []
         for ins in worker_program("interleaved-1f1b", pipe, (rank, 0), steps * m):
-            c, _ = virtual_instr(ins, rank, 2)
+            c, _ = virtual_instr(ins, rank, pipe)
             want += [(str(ins), k) for k in ((0, 1) if c == ALL_CHUNKS else (c,))]
         assert [(e["name"], e["tid"]) for e in boxes] == want
         assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in boxes)
