@@ -1,7 +1,8 @@
 """Does a ``make bench`` reproduce the one before it? Each figure against its previous value, within its noise.
 
 A figure's stated noise (``Figure.noise``, ``bench.measure.spread``) is the band a second run lands
-within 99 times in 100 when its rounds scatter normally: a multiple of the range of the rounds behind
+within ``bench.measure.COVERAGE`` of the time when its rounds scatter normally (chosen so that every judged
+figure does 95 times in 100, ``FAMILY_COVERAGE``): a multiple of the range of the rounds behind
 it (``bench.measure.band_factor``), over its value. A figure reproduces when its new value lies within
 the larger of the two runs' stated noises of its previous value: ``|now - previous| <= max(noise_now, noise_previous) x |previous|``.
 A figure without a stated noise on either side (one measurement, nothing to say how much it

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bench_cli, host, plots, reproduce
-from bench.measure import Figure, Report, judged
+from bench.measure import COVERAGE, FAMILY_COVERAGE, JUDGED_FIGURES, Figure, Report, band_factor, judged
 from shared.cli import console
 from shared.io import atomic_write_bytes
 
@@ -257,11 +257,12 @@ def write_results(
     lines += [
         "## The figures",
         "",
-        "Noise: the band a later `make bench` lands within 99 times in 100 if its rounds scatter as this "
-        "run's did: 1.7 times the range of the rounds behind a figure (the median of three), 1.9 times for "
-        "a ratio of each side's best of three (a ratio's rounds: each round's pair side by side), over its "
-        "value; a later `make bench` reproduces a figure when it lands within it (`bench.reproduce`, the "
-        "section after this table).",
+        f"Noise: the band a later `make bench` lands within {COVERAGE:.4%} of the time if its rounds scatter "
+        f"as this run's did, so that all {JUDGED_FIGURES} judged figures do {FAMILY_COVERAGE:.0%} of the time "
+        f"(Bonferroni): {band_factor(3):.1f} times the range of the rounds behind a figure (the median of "
+        f"three), {band_factor(3, 'best'):.1f} times for a ratio of each side's best of three (a ratio's "
+        "rounds: each round's pair side by side), over its value; a later `make bench` reproduces a figure "
+        "when it lands within it (`bench.reproduce`, the section after this table).",
         "",
         *_figures(done),
         "",

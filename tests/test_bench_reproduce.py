@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import host, reproduce
+from bench import host, measure, reproduce
 from bench.measure import Figure, Report, band_factor, spread
 from bench.run_all import write_results
 
@@ -23,23 +23,36 @@ def test_spread_is_the_band_factor_times_the_range_over_the_value() -> None:
     assert spread([-1.0, 1.0], 0.0) is None
 
 
-def test_the_band_holds_a_second_run_99_times_in_100() -> None:
+def test_the_band_holds_a_second_run_at_the_stated_coverage() -> None:
     # Drawn afresh (another seed, written out here): two runs of three normal rounds each, their medians
-    # within the factor times the larger range. Half the range, the band before, holds about 71 in 100.
+    # within the factor times the larger range. The 99-in-100 band before (1.7) misses about 1 in 100 and
+    # half the range, the band before that, about 29 in 100.
+    assert 1 - (1 - measure.FAMILY_COVERAGE) / measure.JUDGED_FIGURES == measure.COVERAGE
     c = band_factor(3)
-    assert 1.6 < c < 1.8 and band_factor(3, "best") > c and band_factor(4) < c < band_factor(2)
+    assert 3.2 < c < 3.6 and band_factor(3, "best") > c and band_factor(4) < c < band_factor(2)
     rng = random.Random(12345)
-    held = half = 0
-    trials = 20_000
+    held = old = half = 0
+    trials = 40_000
     for _ in range(trials):
         a, b = sorted(rng.gauss(0, 1) for _ in range(3)), sorted(rng.gauss(0, 1) for _ in range(3))
-        wide = max(a[2] - a[0], b[2] - b[0])
-        held += abs(a[1] - b[1]) <= c * wide
-        half += abs(a[1] - b[1]) <= wide / 2
-    assert 0.985 <= held / trials <= 0.995
+        wide, gap = max(a[2] - a[0], b[2] - b[0]), abs(a[1] - b[1])
+        held += gap <= c * wide
+        old += gap <= 1.72 * wide
+        half += gap <= wide / 2
+    misses = trials - held  # about 31 expected at 1 - 0.05/64
+    assert misses <= 60 and trials - old > 250
     assert half / trials < 0.75
     with pytest.raises(ValueError, match="two rounds"):
         band_factor(1)
+
+
+def test_the_family_coverage_counts_every_figure_the_last_run_judged() -> None:
+    # The per-figure coverage is drawn for JUDGED_FIGURES: a bench that judges more must raise it, or
+    # "every figure reproduces 95 times in 100" no longer holds.
+    figures = reproduce.load(Path(__file__).parent.parent / "bench" / "results" / "figures.json")
+    assert figures is not None
+    judged = [f for f in figures if isinstance(f.get("noise"), int | float)]
+    assert 0 < len(judged) <= measure.JUDGED_FIGURES
 
 
 def test_a_figure_reproduces_within_the_larger_stated_noise() -> None:
