@@ -46,7 +46,7 @@ from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
 from shared.highwater import mark, rise
 from shared.layout import MemoryFormat, inputs_to_channels_last, module_to_channels_last, use_channels_last
-from shared.malloc import malloc_is_steady, steady_malloc
+from shared.malloc import building_malloc, malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
 from shared.ties import tied_layers
@@ -112,6 +112,10 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
     if spec.model is None or spec.data is None:
         raise UserError("profiling needs a model spec (--model) and a dataset spec (--data)")
     device = _device(config.device)
+    if device.type == "cpu" and config.steady_malloc:
+        # As a pdrun worker builds (pdrun.runner): big blocks mapped afresh until profile_model fixes
+        # the steady thresholds, so the memory probe starts from a heap without the build's holes.
+        building_malloc()
     torch.manual_seed(0)
     model = resolve_model(spec.model, spec.model_args)
     dataset = resolve_dataset(spec.data, spec.data_args)

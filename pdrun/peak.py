@@ -6,8 +6,9 @@ the stage is built and the rest dropped, and marks the high-water count there
 (``shared.highwater``: the resident set on CPU, ``torch.cuda``'s allocated peak on CUDA).
 :func:`peak_bytes` is the stage's parameter bytes (counted from its tensors, as the planner's
 memory model counts them) plus the rise above that mark: gradients, optimizer state, stashed
-weight versions, saved activations, messages, and the process's own overhead (library code,
-kernel caches, the allocator's slack), which pdprof measured the same way.
+weight versions, saved activations, messages, and the process's own overhead (kernel caches,
+the allocator's slack; not the library code, which ``shared.highwater`` leaves out), which pdprof
+measured the same way.
 
 One tracker per process (a worker is a process), so the worker's builder starts it and the worker
 reads it at every step without threading it through their constructors.
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from shared.highwater import Mark, mark, rise
+from shared.malloc import steady_malloc
 
 _state: dict[str, object] = {}
 
@@ -27,6 +29,10 @@ def start(device: torch.device, module: nn.Module) -> None:
     """Begin tracking: the stage ``module`` is built on ``device``; what comes after is its run."""
     _state.clear()
     _state["params"] = sum(p.numel() * p.element_size() for p in module.parameters())
+    if device.type == "cpu":
+        # The build is over (pdrun.runner mapped its big blocks afresh): from here glibc's thresholds
+        # are pdprof's, both for the step times and for the memory counted from the mark.
+        steady_malloc()
     _state["mark"] = mark(device)
 
 

@@ -34,7 +34,7 @@ from pdrun.shape import chunks, effective_plan, pipeline_of, segments
 from pdrun.transport import Transport, node_tag, open_transport, remove_leftovers
 from pdrun.worker import Worker
 from shared.host import send_thread_pays
-from shared.malloc import steady_malloc
+from shared.malloc import building_malloc
 from shared.plan import Plan
 from shared.schedule import GENERATORS, Pipeline, worker_program
 from shared.schedule_check import validate_run
@@ -52,9 +52,10 @@ def train(env: DistEnv, plan: Plan, cfg: RunConfig, errdir: str | None = None) -
     else:
         device = torch.device("cpu")
         torch.set_num_threads(cfg.threads)
-        # As pdprof profiles: without fixed thresholds glibc maps large activation buffers afresh and
-        # every first touch page-faults (zoo:mnist_cnn: ~13 ms a step instead of ~9.5 ms).
-        steady_malloc()
+        # Until the stage is built, big blocks are mapped and unmapped, so the build leaves no holes in
+        # the heap for the run's tensors to fill unseen by the memory count; pdrun.peak then fixes the
+        # steady thresholds pdprof profiles with (shared.malloc).
+        building_malloc()
     backend = cfg.backend or ("nccl" if cfg.device == "cuda" else "gloo")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     try:

@@ -1,8 +1,18 @@
 """A process's memory high-water mark, from a mark onwards: what a stretch of training costs.
 
-On CPU the figure is the resident set (``VmHWM`` in ``/proc/self/status``): tensors, but also
-the library code the run pages in, oneDNN's kernel caches and the allocator's slack, which is
-what a host's memory limit meets. :func:`mark` first hands the heap's free memory back
+On CPU the figure is the resident set's high-water rise (``VmHWM`` in ``/proc/self/status``) less
+the file-backed pages mapped since the mark (``RssFile``): tensors, oneDNN's kernel caches, the
+allocator's slack and shared memory (pdrun's transport slots), not the library code the run pages
+in. How many of a library's pages a fault maps depends on which of the file's pages the host's
+page cache holds (the kernel maps a faulting page's cached neighbours with it), not on the model,
+and it drifts as the cache ages: three ``make bench`` runs in one install (issue 19, runs A to C)
+read BERT's second stage at 0.58, 0.70 and 0.94 of its prediction while its measured peak held
+at 13-15 MB: the prediction moved with pdprof's probe, whose rise held the library code the
+whole model's first steps paged in.
+Library code is shared by every process on the host and stays in the page cache either way; what
+a worker adds is its anonymous and shared memory. File pages stay mapped once touched and are
+mostly touched in the first steps, so the growth read beside the high-water mark stands for the
+growth at the peak. :func:`mark` first hands the heap's free memory back
 (``gc.collect``, glibc's ``malloc_trim``: memory freed before the mark would otherwise be
 reused unseen and the rise read low) and resets the kernel's high-water mark
 (``/proc/self/clear_refs``, "5"). On CUDA the figure is ``torch.cuda``'s peak of allocated
@@ -29,6 +39,7 @@ class Mark:
 
     device: torch.device
     base: int | None
+    file: int = 0  # CPU: file-backed resident bytes (library code) then, not counted in the rise
 
 
 def _status_kb(field: str) -> int | None:
@@ -59,8 +70,8 @@ def mark(device: torch.device) -> Mark:
             f.write("5")
     except OSError:
         pass  # then VmHWM may still hold what came before: the rise reads low until the run exceeds it
-    rss = _status_kb("VmRSS")
-    return Mark(device, None if rss is None else rss * 1024)
+    rss, file = _status_kb("VmRSS"), _status_kb("RssFile")
+    return Mark(device, None if rss is None else rss * 1024, (file or 0) * 1024)
 
 
 def rise(since: Mark) -> float:
@@ -69,5 +80,8 @@ def rise(since: Mark) -> float:
         return float("nan")
     if since.device.type == "cuda":
         return float(max(0, torch.cuda.max_memory_allocated(since.device) - since.base))
-    hwm = _status_kb("VmHWM")
-    return float("nan") if hwm is None else float(max(0, hwm * 1024 - since.base))
+    hwm, file = _status_kb("VmHWM"), _status_kb("RssFile")
+    if hwm is None:
+        return float("nan")
+    paged_in = max(0, (file or 0) * 1024 - since.file)  # library code mapped since the mark
+    return float(max(0, hwm * 1024 - since.base - paged_in))
