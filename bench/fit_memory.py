@@ -39,7 +39,7 @@ from shared.plan import Cluster, Level, Plan, load_plan
 # The rule fitted with the library pages counted (2026-12-03), for comparison.
 RULE_BEFORE = (2.5e6, 0.5)
 FLOORS = (0.0, 1e6, 2.5e6, 5e6, 7.5e6, 10e6, 15e6, 20e6)
-POWERS = (0.0, 0.25, 0.5, 0.75, 1.0)
+POWERS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
 WITHIN = 0.2
 
 
@@ -128,20 +128,24 @@ def memory_cases(work: Path) -> list[StageRow]:
 def predict_cases(work: Path) -> list[StageRow]:
     rows: list[StageRow] = []
     for i, case in enumerate(PREDICT_CASES):
-        if case.emulate:
-            continue  # the emulated link does not change what a worker holds
         graph, plan_path = work / f"fit-p{i}-graph.json", work / f"fit-p{i}-plan.json"
         # Memory does not depend on how many rounds pdprof times: a few, to keep the fit quick.
         extra = [*(case.profile_args or ["--concurrent", str(case.workers)]), "--repeats", "5"]
         toolchain.profile(
             graph, case.model, case.data, case.batch_size, case.model_args, case.data_args, extra=extra
         )
-        toolchain.plan(graph, plan_path, case.workers, 1e10, "1f1b", 1, straight=case.straight)
+        # The slow link's case, with its link emulated, is the planner's cut of a small last stage.
+        bandwidth = case.bandwidth or 1e10
+        sends = "yes" if case.emulate else None
+        toolchain.plan(
+            graph, plan_path, case.workers, bandwidth, "1f1b", 1, straight=case.straight, blocking_sends=sends
+        )
         _, run_summary = toolchain.pdrun(
             plan_path,
             work / f"fit-p{i}-run.parquet",
             steps=min(300, case.steps or 300) + 10,
             extra=["--no-val", "-q"],
+            bandwidth=case.bandwidth if case.emulate else None,
         )
         rows += stage_rows(
             case.model, case.name, load_graph(graph), load_plan(plan_path), _peaks(run_summary)
