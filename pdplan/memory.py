@@ -42,16 +42,17 @@ A worker pays a fixed part of ``O`` whatever its stage, and the rest by its shar
 empirical: the process floor ``F`` (15 MB, at most ``O``), plus the rest of ``O`` times the
 stage's share of the whole model's step tensors (gradients twice, made and accumulated, plus
 saved activations; :func:`tensor_share`), so that the whole model as one stage gets ``O``
-exactly. Fitted (2026-12-07, the measure without library pages) on 30 stages of eight models, two
-runs of each (``bench.fit_memory``): the harness's MNIST CNN, residual MLP and 2-block GPT (1F1B,
+exactly. Fitted (2026-12-07, the measure without library pages) on the stages of eight models,
+three runs (``bench.fit_memory``): the harness's MNIST CNN, residual MLP and 2-block GPT (1F1B,
 1F1B-flush, GPipe; 12 steps) and the prediction benchmark's cases (torchvision's ResNet-18,
 MobileNetV2 and VGG-16 recipes, transformers' BERT and GPT-2, the MNIST CNN and a 512-wide
-residual MLP; two workers, 1F1B, momentum, 160-310 steps). 43 of 60 within 20% (the rule before, a
-2.5 MB floor and the square root of the share, 40), and 43 with each model's stages predicted by the
-rule fitted without them. The misses are stages measured above the prediction: GPT-2's after 310
-steps, where glibc's heap has grown past the early peak the probe measures (1.28-1.50,
-docs/pdplan.md), BERT's in one run of two (1.21-1.38), and the MNIST CNN's first stages, whose
-measured peak itself moves from run to run (the same 1F1B plan: 31.0 and 41.4 MB). Most models' whole overhead is below the floor,
+residual MLP; two workers, 1F1B, momentum, 160-310 steps). 64 of 92 within 20% (the rule before, a
+2.5 MB floor and the square root of the share, 59), and 64 with each model's stages predicted by
+the rule fitted without them. The misses are GPT-2's stages after 310 steps, where glibc's heap has
+grown past the early peak the probe measures (1.28-1.62, docs/pdplan.md), BERT's and the MNIST
+CNN's first stages, whose measured peaks move from run to run (the same 1F1B plan: 31.0 and 41.4
+MB), and a stage of almost nothing (0.4% of the tensors, rising 0.8 MB), which the floor charges
+15 MB. Most models' whole overhead is below the floor,
 so each of their workers pays all of it: the MNIST CNN's 13-18 MB, the 2-block GPT's 7.6 MB,
 BERT's 2.8 MB. ResNet-18 at batch 16 has 52 MB, of which a stage of 31% of the tensors pays 26
 MB. A graph without the probe (an imported PipeDream profile, a graph from before it) has none.
@@ -259,8 +260,8 @@ def loss_overhead(graph: LayerGraph) -> float:
 
 
 # The part of the whole model's overhead every worker pays, whatever its share (module doc): fitted on
-# 30 stages of eight models, held-out models 24 of 30 within 20%, where the square root of the share
-# with a 2.5 MB floor (the rule fitted with library pages counted) gave 21 of 30.
+# 92 stages of eight models (bench.fit_memory, three runs), 64 within 20% with each model held out,
+# where the square root of the share with a 2.5 MB floor (fitted with library pages counted) gave 59.
 PROCESS_FLOOR_BYTES = 15e6
 
 
