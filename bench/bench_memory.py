@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import toolchain
 from bench.measure import Figure, Report, main_of
@@ -25,7 +26,7 @@ from pdrun.launch import launch
 from pdrun.metrics import summary
 from pdrun.plans import cut_plan
 from shared.graph import LayerGraph, load_graph
-from shared.plan import Cluster, Level, Schedule
+from shared.plan import Cluster, Level, Plan, Schedule
 from shared.spec import RunSpec
 from shared.zoo.datasets.pydoc_text import VOCAB_SIZE as PYDOC_VOCAB
 
@@ -59,38 +60,47 @@ CASES = (
 )
 
 
+def run_case(
+    case: Case, work: Path, graphs: dict[tuple[str | None, int], LayerGraph], steps: int
+) -> tuple[LayerGraph, Plan, dict[str, Any]]:
+    """Profile ``case``'s model (once per model and batch, kept in ``graphs``), cut it, record the memory
+    model's prediction in the plan and run it: the graph, the plan and pdrun's summary."""
+    key = (case.spec.model, case.batch_size)
+    if key not in graphs:
+        out = work / f"memory-{len(graphs)}-graph.json"
+        assert case.spec.model is not None and case.spec.data is not None
+        toolchain.profile(
+            out,
+            case.spec.model,
+            case.spec.data,
+            case.batch_size,
+            case.spec.model_args,
+            case.spec.data_args,
+        )
+        graphs[key] = load_graph(out)
+    graph = graphs[key]
+    plan = cut_plan(
+        case.spec,
+        [case.cut],
+        batch_size=case.batch_size,
+        schedule=case.schedule,
+        microbatches=case.microbatches,
+    )
+    cluster = Cluster(levels=[Level(workers=plan.world_size, bandwidth=1e9)], optimizer="momentum")
+    plan = with_memory(plan.model_copy(update={"cluster": cluster}), graph)
+    results = launch(plan, RunConfig(steps=steps, seed=0, momentum=0.9))
+    assert results is not None
+    return graph, plan, summary(results, plan)
+
+
 def bench(work: Path, steps: int) -> Report:
     command = "python -m bench.bench_memory"
     report = Report("Predicted peak memory per stage against pdrun's measured", command)
     rows = []
     graphs: dict[tuple[str | None, int], LayerGraph] = {}
     for case in CASES:
-        key = (case.spec.model, case.batch_size)
-        if key not in graphs:
-            out = work / f"memory-{len(graphs)}-graph.json"
-            assert case.spec.model is not None and case.spec.data is not None
-            toolchain.profile(
-                out,
-                case.spec.model,
-                case.spec.data,
-                case.batch_size,
-                case.spec.model_args,
-                case.spec.data_args,
-            )
-            graphs[key] = load_graph(out)
-        graph = graphs[key]
-        plan = cut_plan(
-            case.spec,
-            [case.cut],
-            batch_size=case.batch_size,
-            schedule=case.schedule,
-            microbatches=case.microbatches,
-        )
-        cluster = Cluster(levels=[Level(workers=plan.world_size, bandwidth=1e9)], optimizer="momentum")
-        plan = with_memory(plan.model_copy(update={"cluster": cluster}), graph)
-        results = launch(plan, RunConfig(steps=steps, seed=0, momentum=0.9))
-        assert results is not None
-        for entry in summary(results, plan)["memory"]:
+        _, _, run_summary = run_case(case, work, graphs, steps)
+        for entry in run_summary["memory"]:
             measured = max(entry["measured_bytes"].values())
             rows.append(
                 {

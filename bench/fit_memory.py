@@ -25,16 +25,12 @@ from pathlib import Path
 
 from bench import toolchain
 from bench.bench_memory import CASES as MEMORY_CASES
+from bench.bench_memory import run_case
 from bench.bench_predict import CASES as PREDICT_CASES
 from bench.measure import Report, main_of
-from pdplan.build import with_memory
 from pdplan.memory import PROCESS_FLOOR_BYTES, loss_overhead, process_overhead, shared_overhead, tensor_share
-from pdrun.config import RunConfig
-from pdrun.launch import launch
-from pdrun.metrics import summary
-from pdrun.plans import cut_plan
 from shared.graph import LayerGraph, load_graph
-from shared.plan import Cluster, Level, Plan, load_plan
+from shared.plan import Plan, load_plan
 
 # The rule fitted with the library pages counted (2026-12-03), for comparison.
 RULE_BEFORE = (2.5e6, 0.5)
@@ -95,33 +91,8 @@ def memory_cases(work: Path) -> list[StageRow]:
     rows: list[StageRow] = []
     graphs: dict[tuple[str | None, int], LayerGraph] = {}
     for case in MEMORY_CASES:
-        key = (case.spec.model, case.batch_size)
-        if key not in graphs:
-            out = work / f"fit-m{len(graphs)}-graph.json"
-            assert case.spec.model is not None and case.spec.data is not None
-            toolchain.profile(
-                out,
-                case.spec.model,
-                case.spec.data,
-                case.batch_size,
-                case.spec.model_args,
-                case.spec.data_args,
-            )
-            graphs[key] = load_graph(out)
-        plan = cut_plan(
-            case.spec,
-            [case.cut],
-            batch_size=case.batch_size,
-            schedule=case.schedule,
-            microbatches=case.microbatches,
-        )
-        cluster = Cluster(levels=[Level(workers=plan.world_size, bandwidth=1e9)], optimizer="momentum")
-        plan = with_memory(plan.model_copy(update={"cluster": cluster}), graphs[key])
-        results = launch(plan, RunConfig(steps=12, seed=0, momentum=0.9))
-        assert results is not None
-        rows += stage_rows(
-            case.spec.model or "", case.name, graphs[key], plan, _peaks(summary(results, plan))
-        )
+        graph, plan, run_summary = run_case(case, work, graphs, 12)
+        rows += stage_rows(case.spec.model or "", case.name, graph, plan, _peaks(run_summary))
     return rows
 
 

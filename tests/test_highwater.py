@@ -4,13 +4,13 @@ glibc's thresholds are process-wide."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.subprocess_json import MAPPED, run_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and glibc: Linux only")
 
@@ -30,61 +30,34 @@ print(json.dumps({"file_rise": file_rise, "anon_rise": rise(since), "touched": t
 """
 
 
-def _run(code: str, *argv: str) -> dict[str, float]:
-    done = subprocess.run(
-        [sys.executable, "-c", code, *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    out: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
-    return out
-
-
 def test_the_rise_counts_a_tensor_but_not_the_file_pages_a_run_maps(tmp_path: Path) -> None:
     # A library's pages are mapped by how much of the file the page cache holds, not by the model
     # (issue 19: BERT's probe read 18.5-25.5 MB with them from run to run): neither side counts them.
     data = tmp_path / "library.bin"
     data.write_bytes(os.urandom(24 * 1024 * 1024))
-    got = _run(_RISE, str(data))
+    got = run_json(_RISE, str(data))
     assert got["file_rise"] < 4e6, got  # 24 MB of file pages touched, (almost) none counted
     assert got["mb"] * 1024 * 1024 * 0.95 <= got["anon_rise"] <= got["mb"] * 1024 * 1024 + 8e6, got
 
 
-_ALLOCATOR = r"""
-import ctypes, ctypes.util, json
+_ALLOCATOR = (
+    MAPPED
+    + r"""
+import json
 from shared import malloc
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
-    )]
-
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-
-def mapped(size):
-    before = libc.mallinfo2().hblks
-    block = libc.malloc(size)
-    out = libc.mallinfo2().hblks > before
-    libc.free(block)
-    return out
 
 state = {"building": malloc.building_malloc(), "build_1mb": mapped(1 << 20)}
 state |= {"steady": malloc.steady_malloc(), "steady_1mb": mapped(1 << 20), "steady_30mb": mapped(30 << 20)}
 state["flag"] = malloc.malloc_is_steady()
 print(json.dumps(state))
 """
+)
 
 
 def test_a_build_maps_its_big_blocks_afresh_and_the_run_reuses_the_heap() -> None:
     # While building, a 1 MiB block is mapped (and unmapped when freed: no hole left in the heap);
     # once steady, blocks up to 32 MiB come from the heap, as pdprof times them.
-    got = _run(_ALLOCATOR)
+    got = run_json(_ALLOCATOR)
     assert got == {
         "building": True,
         "build_1mb": True,

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +20,7 @@ from pdplan.partition import LevelSpec
 from pdplan.problem import prepare
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import check_against_graph
+from tests.subprocess_json import MAPPED, run_json
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -200,8 +197,10 @@ def test_bisected_tail_equals_walking_it() -> None:
 # 128 KiB and only follows freed mapped blocks (none near 30 MiB here), so the block is mapped
 # (mallinfo2's hblks grows); shared.malloc.steady_malloc pins the threshold at 32 MiB, and then
 # the block comes from the heap.
-_ALLOCATOR_PROBE = """
-import ctypes, ctypes.util, json, sys
+_ALLOCATOR_PROBE = (
+    MAPPED
+    + """
+import json, sys
 from shared import malloc
 
 if sys.argv[1] == "library":
@@ -225,35 +224,13 @@ else:
         assert done.code in (0, None), done.code
 
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
-    )]
-
-
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-before = libc.mallinfo2().hblks
-block = libc.malloc(30 << 20)
-mapped = libc.mallinfo2().hblks > before
-libc.free(block)
-print(json.dumps({"steady_flag": malloc.malloc_is_steady(), "mapped": mapped}))
+print(json.dumps({"steady_flag": malloc.malloc_is_steady(), "mapped": mapped(30 << 20)}))
 """
+)
 
 
 def _allocator_after(*argv: str) -> dict[str, bool]:
-    done = subprocess.run(
-        [sys.executable, "-c", _ALLOCATOR_PROBE, *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    state: dict[str, bool] = json.loads(done.stdout.splitlines()[-1])
-    return state
+    return run_json(_ALLOCATOR_PROBE, *argv)
 
 
 def test_the_chain_solver_leaves_mallocs_settings_alone_and_pdplans_command_sets_them(tmp_path: Path) -> None:
