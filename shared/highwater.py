@@ -8,11 +8,11 @@ page cache holds (the kernel maps a faulting page's cached neighbours with it), 
 and it drifts as the cache ages: three ``make bench`` runs in one install (issue 19, runs A to C)
 read BERT's second stage at 0.58, 0.70 and 0.94 of its prediction while its measured peak held
 at 13-15 MB: the prediction moved with pdprof's probe, whose rise held the library code the
-whole model's first steps paged in.
-Library code is shared by every process on the host and stays in the page cache either way; what
-a worker adds is its anonymous and shared memory. File pages stay mapped once touched and are
-mostly touched in the first steps, so the growth read beside the high-water mark stands for the
-growth at the peak. :func:`mark` first hands the heap's free memory back
+whole model's first steps paged in. Library code is shared by every process on the host and
+stays in the page cache either way; what a worker adds is its anonymous and shared memory. File
+pages stay mapped once touched and are mostly touched in the first steps, so the growth read
+beside the high-water mark stands for the growth at the peak. :func:`mark` first hands the
+heap's free memory back
 (``gc.collect``, glibc's ``malloc_trim``: memory freed before the mark would otherwise be
 reused unseen and the rise read low) and resets the kernel's high-water mark
 (``/proc/self/clear_refs``, "5"). On CUDA the figure is ``torch.cuda``'s peak of allocated
@@ -42,15 +42,19 @@ class Mark:
     file: int = 0  # CPU: file-backed resident bytes (library code) then, not counted in the rise
 
 
-def _status_kb(field: str) -> int | None:
+def _status_kb(resident: str) -> tuple[int | None, int]:
+    """``resident`` (VmRSS or VmHWM) and RssFile in KiB, from one read of ``/proc/self/status``
+    (pdrun reads it every step): None and 0 where the kernel does not say."""
+    fields: dict[str, int] = {}
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+                name, _, rest = line.partition(":")
+                if name in (resident, "RssFile"):
+                    fields[name] = int(rest.split()[0])
     except OSError:
-        return None
-    return None
+        pass
+    return fields.get(resident), fields.get("RssFile", 0)
 
 
 def _trim() -> None:
@@ -70,8 +74,8 @@ def mark(device: torch.device) -> Mark:
             f.write("5")
     except OSError:
         pass  # then VmHWM may still hold what came before: the rise reads low until the run exceeds it
-    rss, file = _status_kb("VmRSS"), _status_kb("RssFile")
-    return Mark(device, None if rss is None else rss * 1024, (file or 0) * 1024)
+    rss, file = _status_kb("VmRSS")
+    return Mark(device, None if rss is None else rss * 1024, file * 1024)
 
 
 def rise(since: Mark) -> float:
@@ -80,8 +84,8 @@ def rise(since: Mark) -> float:
         return float("nan")
     if since.device.type == "cuda":
         return float(max(0, torch.cuda.max_memory_allocated(since.device) - since.base))
-    hwm, file = _status_kb("VmHWM"), _status_kb("RssFile")
+    hwm, file = _status_kb("VmHWM")
     if hwm is None:
         return float("nan")
-    paged_in = max(0, (file or 0) * 1024 - since.file)  # library code mapped since the mark
+    paged_in = max(0, file * 1024 - since.file)  # library code mapped since the mark
     return float(max(0, hwm * 1024 - since.base - paged_in))

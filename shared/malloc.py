@@ -50,7 +50,7 @@ def _mallopt(settings: tuple[tuple[int, int], ...]) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return all([bool(mallopt(option, value)) for option, value in settings])
+    return all([bool(mallopt(option, value)) for option, value in settings])  # a list: every one is set
 
 
 def building_malloc() -> bool:
