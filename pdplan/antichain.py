@@ -132,13 +132,23 @@ def prefix_downsets(problem: Problem) -> tuple[list[int], list[int], list[tuple[
     anc = problem.ancestor_masks()
     succ = problem.successor_masks()
     masks = [anc[problem.first_source]]
+    maxima = [_maxima(masks[0], succ)]
     for v in range(problem.size):
-        if not masks[-1] >> v & 1:
-            masks.append(masks[-1] | anc[v])
-    maxima = []
-    for d in masks:
-        maxima.append(sum(1 << v for v in _bits(d) if not succ[v] & d))
+        d = masks[-1]
+        if not d >> v & 1:
+            grown = d | anc[v]
+            masks.append(grown)
+            # A prefix grows by v alone (its predecessors come before it): v is maximal, and the maxima
+            # below it no longer are, enumerate_downsets's rule. Reading every member of every prefix
+            # instead was O(n^2) bit operations: 1.4 s of planning a 2,000-layer chain.
+            single = grown == d | 1 << v
+            maxima.append((maxima[-1] & ~anc[v]) | (1 << v) if single else _maxima(grown, succ))
     return masks, maxima, [(i, i + 1) for i in range(len(masks) - 1)]
+
+
+def _maxima(d: int, succ: list[int]) -> int:
+    """The members of downset ``d`` none of whose successors is in it."""
+    return sum(1 << v for v in _bits(d) if not succ[v] & d)
 
 
 # Key updates allowed to the state count that decides whether to enumerate (~3 us each).

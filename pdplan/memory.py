@@ -71,6 +71,7 @@ version the input stage used while it was in flight); the flushing schedules kee
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -83,9 +84,18 @@ from shared.schedule import (
     ScheduleError,
     build_program,
     chunk_owner,
+    get_schedule,
+    make_pipeline,
     max_in_flight,
     peak_held,
 )
+
+# Schedules whose workers run PipeDream's 1F1B order (``shared.schedule.one_f_one_b_order``): their
+# warm-up forwards, then a forward only after a backward, so a worker holds the most at its first
+# backward. Reading each worker's instructions up to there gives the peak of the whole program:
+# on 1,024 workers (bench_planner's 2,000-layer chain, 224 stages) the whole program was 5 million
+# instructions and half the planner's 16.6 s.
+WARMUP_PEAKED = ("1f1b", "2bw")
 
 # Optimizer state per parameter byte (torch.optim: SGD keeps a momentum buffer only when
 # momentum is set; Adam keeps exp_avg and exp_avg_sq).
@@ -191,6 +201,8 @@ def _held(
         wanted = microbatches
     units = -(-wanted // period) * period
     try:
+        if schedule in WARMUP_PEAKED:
+            return _warmup_peaks(schedule, replicas, units, microbatches, in_flight)
         program = build_program(
             schedule,
             replicas,
@@ -209,6 +221,23 @@ def _held(
         owners = [chunk_owner(s_, v, schedule in VSHAPED) for v in range(chunks * s_)]
         return tuple(_chunk_peak(program[(w, 0)], c) for w, c in owners)
     peaks = max_in_flight(program)
+    return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
+
+
+def _warmup_peaks(
+    schedule: str, replicas: tuple[int, ...], units: int, microbatches: int, in_flight: int | None
+) -> tuple[int, ...]:
+    """Per stage, the most units a worker holds under a schedule in ``WARMUP_PEAKED``: each worker's
+    instructions read lazily up to its first backward, where its warm-up ends."""
+    gen = get_schedule(schedule)
+    pipe = make_pipeline(schedule, replicas, microbatches=microbatches, in_flight=in_flight)
+    gen.check_units(pipe, units)
+    peaks = {
+        w: peak_held(
+            itertools.takewhile(lambda i: i.kind is not Kind.BACKWARD, gen.compute(pipe, w, 0, units))
+        )
+        for w in pipe.workers()
+    }
     return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
 
 
@@ -265,17 +294,24 @@ def loss_overhead(graph: LayerGraph) -> float:
 PROCESS_FLOOR_BYTES = 15e6
 
 
-def tensor_share(graph: LayerGraph, layers: Sequence[str]) -> float:
-    """The share of the whole model's step tensors that ``layers`` make: gradients counted twice (made,
-    then accumulated into), plus saved activations. 1 for the whole model; 0 for an empty one."""
+def step_tensors(graph: LayerGraph, layers: Sequence[str] | None = None) -> float:
+    """Bytes of the step tensors ``layers`` (None: the whole model) make: gradients counted twice (made,
+    then accumulated into), plus saved activations."""
+    if layers is None:
+        return 2 * sum(n.parameter_bytes for n in graph.nodes) + saved_per_unit(
+            graph, [n.id for n in graph.nodes]
+        )
     inside = set(layers)
-    whole = 2 * sum(n.parameter_bytes for n in graph.nodes) + saved_per_unit(
-        graph, [n.id for n in graph.nodes]
-    )
+    return 2 * sum(n.parameter_bytes for n in graph.nodes if n.id in inside) + saved_per_unit(graph, layers)
+
+
+def tensor_share(graph: LayerGraph, layers: Sequence[str], whole: float | None = None) -> float:
+    """The share of the whole model's step tensors (``whole``, :func:`step_tensors` of the model, when the
+    caller has it) that ``layers`` make. 1 for the whole model; 0 for an empty one."""
+    whole = step_tensors(graph) if whole is None else whole
     if whole <= 0:
         return 1.0
-    mine = 2 * sum(n.parameter_bytes for n in graph.nodes if n.id in inside) + saved_per_unit(graph, layers)
-    return min(1.0, mine / whole)
+    return min(1.0, step_tensors(graph, layers) / whole)
 
 
 def shared_overhead(
@@ -290,8 +326,12 @@ def shared_overhead(
 def worker_overhead(graph: LayerGraph, layers: Sequence[str]) -> float:
     """The overhead of a worker running ``layers`` (module doc): the process floor, plus the rest of the
     whole model's overhead (the loss's part aside) times its :func:`tensor_share`."""
-    rest = process_overhead(graph) - loss_overhead(graph)
-    return shared_overhead(rest, tensor_share(graph, layers))
+    return shared_overhead(_rest_overhead(graph), tensor_share(graph, layers))
+
+
+def _rest_overhead(graph: LayerGraph) -> float:
+    """The whole model's overhead that the workers share: the loss's part goes to the last stage alone."""
+    return process_overhead(graph) - loss_overhead(graph)
 
 
 def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[int]) -> list[StageMemory]:
@@ -303,8 +343,15 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     k = OPTIMIZER_STATE[optimizer]
     loss = loss_overhead(graph)
     workers = len(plan.stages) // plan.virtual_stages
+    # worker_overhead per worker, the whole model's figures taken once (a plan may have 1,000 workers).
+    rest, whole = _rest_overhead(graph), step_tensors(graph)
     per_worker = [
-        worker_overhead(graph, [layer for c in plan.worker_chunks(w) for layer in plan.stages[c].layers])
+        shared_overhead(
+            rest,
+            tensor_share(
+                graph, [layer for c in plan.worker_chunks(w) for layer in plan.stages[c].layers], whole
+            ),
+        )
         for w in range(workers)
     ]
     messages = message_bytes(graph, [stage.layers for stage in plan.stages], held)

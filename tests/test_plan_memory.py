@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from pdplan.build import PlanConfig, make_plan, with_memory
-from pdplan.memory import loss_overhead, output_unsaved, tensor_share, worker_overhead
+from pdplan.memory import WARMUP_PEAKED, _held, loss_overhead, output_unsaved, tensor_share, worker_overhead
 from shared.errors import PlanError
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import Cluster, Level, Plan, Stage
+from shared.schedule import build_program, max_in_flight
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
@@ -387,3 +388,33 @@ def test_a_stage_holds_each_value_it_receives_once() -> None:
         400 + 2 * (20 + 5) + ab + bc,
         600 + 2 * (30 + 5 + 10) + bc + ac,
     ]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "replicas", "microbatches", "in_flight"),
+    [
+        ("1f1b", (1, 1), 1, None),
+        ("1f1b", (1, 1, 1, 1), 1, None),
+        ("1f1b", (2, 1, 3), 1, None),
+        ("1f1b", (3, 1), 1, 2),
+        ("1f1b", (1, 2, 2, 1), 1, 3),
+        ("2bw", (1, 1), 2, None),
+        ("2bw", (1, 1, 1, 1), 4, None),
+        ("2bw", (2, 1, 3), 6, None),
+        ("2bw", (1, 2, 2, 1), 6, None),
+    ],
+)
+def test_a_1f1b_order_peak_read_up_to_the_first_backward_is_the_whole_programs(
+    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None
+) -> None:
+    """The memory model reads 1F1B-ordered workers (WARMUP_PEAKED) only up to their first backward: the
+    same peaks as every instruction of a long program (whose peaks it reads for the other schedules)."""
+    assert schedule in WARMUP_PEAKED
+    period = math.lcm(*replicas, microbatches)
+    program = build_program(
+        schedule, replicas, 8 * period, microbatches=microbatches, in_flight=in_flight, messages=False
+    )
+    whole = max_in_flight(program)
+    expected = tuple(max(whole[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
+    assert _held(schedule, replicas, microbatches, in_flight, 1) == expected
+    assert max(expected) > 1  # each case holds more than one unit somewhere: a count that means something

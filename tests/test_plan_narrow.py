@@ -94,6 +94,18 @@ def test_widest_within_takes_the_widest_bound_that_fits(problem: Problem, budget
     assert upto == totals[-1] or totals[width + 1] > budget
 
 
+@SETTINGS
+@given(problems())
+def test_the_prefixes_maxima_are_the_members_with_no_successor_inside(problem: Problem) -> None:
+    """prefix_downsets grows each prefix's maxima from the last one's: the same as reading every member."""
+    masks, maxima, moves = prefix_downsets(problem)
+    succ = problem.successor_masks()
+    for d, top in zip(masks, maxima, strict=True):
+        assert top == sum(1 << v for v in range(problem.size) if d >> v & 1 and not succ[v] & d)
+    assert moves == [(i, i + 1) for i in range(len(masks) - 1)]
+    assert masks[-1] == (1 << problem.size) - 1  # the last prefix is the whole graph
+
+
 def _optimum(problem: Problem, space: StateSpace, workers: int) -> float:
     found = ThresholdSolver(space, LevelSpec(workers, 1e9, 1, None, False)).solve()
     assert found is not None
