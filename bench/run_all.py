@@ -245,7 +245,11 @@ def write_results(
         "How each is measured, and how the slow link is emulated: docs/benchmarks.md.",
         "",
         f"Load average (1 min) at the start {load[0]:.1f} and at the end {load[1]:.1f}, on {os.cpu_count()} cores: "
-        "above the core count, other jobs shared the machine and the timings are noisier.",
+        + (
+            "above the core count, so other jobs shared the machine and the timings are noisier."
+            if max(load) > (os.cpu_count() or 1)
+            else "within the core count at both ends (the benchmarks' own workers included)."
+        ),
         "",
     ]
     if quick:
