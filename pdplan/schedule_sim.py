@@ -11,8 +11,10 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
 
 - forward and backward: the sums of its layers' ``forward_ms`` and ``backward_ms``, plus the
   loss's (``graph.loss_forward_ms``, ``graph.loss_backward_ms``, ``unattributed_backward_ms``)
-  at the last stage, and fetching a batch's inputs (``graph.data_ms``) at the stages that
-  read the model's inputs, as pdrun's workers do;
+  at the last stage, and fetching its part of a unit's batch as pdrun's workers do: the model
+  inputs (``graph.data_ms``) at the stages that read them, the targets (``graph.target_ms``,
+  every sample read where the dataset has no table of targets) at the last stage, both in one
+  fetch (``graph.data_target_ms``) at a stage that does both (:func:`fetch_ms`);
 - a stage boundary: ``graph.cut_backward_ms`` more backward for every stage that sends values
   to a later one, ``graph.cut_forward_ms`` more forward for every stage that receives them
   (what cutting a step in two cost in pdprof's measurement, ``pdprof.cut``);
@@ -72,6 +74,17 @@ def _extra_ms(graph: LayerGraph, key: str) -> float:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else 0.0
 
 
+def fetch_ms(graph: LayerGraph, inputs: bool, targets: bool) -> float:
+    """What a stage pays a unit to fetch its part of the batch (pdprof's ``FETCHES``): ``data_ms`` for the
+    model inputs, ``target_ms`` for the targets alone, ``data_target_ms`` for both in one fetch. A graph
+    from before pdprof timed the last two charges the inputs' fetch alone, as it did then."""
+    if inputs and targets:
+        return _extra_ms(graph, "data_target_ms") or _extra_ms(graph, "data_ms")
+    if inputs:
+        return _extra_ms(graph, "data_ms")
+    return _extra_ms(graph, "target_ms") if targets else 0.0
+
+
 def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, int]]]:
     """The simulator's costs for ``plan``'s stages, and the stage edges values cross."""
     assert plan.cluster is not None
@@ -90,11 +103,11 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
         backward[s] += node.backward_ms / 1000
         update[s] += node.update_ms / 1000
     forward[last] += _extra_ms(graph, "loss_forward_ms") / 1000
-    # Fetching a batch's inputs (graph.data_ms): the stages that read model inputs (the last stage's
-    # targets are a gather of labels, negligible).
+    # Fetching its part of a unit's batch, as pdrun's workers do: the stages that read model inputs
+    # those, the last stage its targets.
     readers = {owner[n.id] for n in graph.nodes if n.op == "input" and n.id in owner}
-    for s in readers:
-        forward[s] += _extra_ms(graph, "data_ms") / 1000
+    for s in range(len(plan.stages)):
+        forward[s] += fetch_ms(graph, s in readers, s == last) / 1000
     backward[last] += (
         _extra_ms(graph, "loss_backward_ms") + _extra_ms(graph, "unattributed_backward_ms")
     ) / 1000

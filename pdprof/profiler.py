@@ -159,15 +159,25 @@ def auto_concurrent(device: torch.device, threads: int, cores: int | None = None
     return max(1, min(AUTO_CONCURRENT_MAX, cores // max(1, threads)))
 
 
-def data_loader(dataset: Any, batch_size: int) -> Callable[[], Any]:
-    """One batch of inputs as pdrun's input stage fetches it (``shared.batches``), random samples."""
+# What each kind of stage fetches of a unit's batch (pdrun.worker: the stages that read model inputs
+# fetch those, the last stage its targets, a stage that is both all in one fetch), and the graph's
+# figure for it. A keyword dataset has no table of targets: the last stage reads every sample for
+# its labels (transformers' BERT on zoo:pydoc_lines, batch 16: 0.6 ms a unit, 5% of its time).
+FETCHES: dict[str, tuple[bool, bool]] = {
+    "data_ms": (True, False),
+    "target_ms": (False, True),
+    "data_target_ms": (True, True),
+}
+
+
+def data_loader(dataset: Any, batch_size: int) -> Callable[[bool, bool], Any]:
+    """A batch of random samples as pdrun's workers fetch it (``shared.batches``): ``load(inputs, target)``
+    gathers the parts asked for."""
     generator = torch.Generator().manual_seed(0)
 
-    def load() -> Any:
-        inputs, _ = gather(
-            dataset, torch.randint(len(dataset), (batch_size,), generator=generator), target=False
-        )
-        return inputs
+    def load(inputs: bool, target: bool) -> Any:
+        indices = torch.randint(len(dataset), (batch_size,), generator=generator)
+        return gather(dataset, indices, inputs=inputs, target=target)
 
     return load
 
@@ -179,12 +189,12 @@ def profile_model(
     loss_fn: LossFn,
     config: ProfileConfig,
     progress: Progress | None = None,
-    load_batch: Callable[[], Any] | None = None,
+    load_batch: Callable[[bool, bool], Any] | None = None,
 ) -> ProfileResult:
     """Profile ``model`` on one batch (already on the device): ``model(*inputs)`` against ``target``.
 
-    ``load_batch``, when given, fetches a batch from the dataset as pdrun will; each round times it
-    (``graph.data_ms``), which the input stage and the last stage (for the targets) pay per unit.
+    ``load_batch``, when given, fetches a batch from the dataset as pdrun will; each round times each
+    kind of stage's fetch (:data:`FETCHES`: ``graph.data_ms``, ``target_ms``, ``data_target_ms``).
     """
     report = progress or (lambda phase, done, total: None)
     device = _device(config.device)
@@ -225,7 +235,7 @@ def profile_model(
         updates: list[dict[str, float]] = []
         whole_updates: list[float] = []
         overheads: list[float] = []
-        loads: list[float] = []
+        loads: dict[str, list[float]] = {name: [] for name in FETCHES}
         cuts: list[tuple[float, float]] = []  # (forward, backward) ms: the step cut in two less whole
         # The whole step: the user's model, which the layer sum is checked against; where the figures
         # are anchored to it (pdprof.calibrate), the traced graph itself, which pdrun's stages run (an
@@ -263,10 +273,14 @@ def profile_model(
                 # and in the warm-up rounds too, untimed, as a run's steady state is warm
                 # (zoo:synthetic_images at 224 x 224, batch 32: 37, 29, 23, 20 and 19 ms for the first five
                 # fetches on this 2-core host).
-                start = host.mark()
-                load_batch()
-                if r >= config.warmup:
-                    loads.append(host.ms(start, host.mark()))
+                # In a rotating order: the first fetch after the steps finds the caches colder.
+                names = list(FETCHES)
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    want_inputs, want_target = FETCHES[name]
+                    start = host.mark()
+                    load_batch(want_inputs, want_target)
+                    if r >= config.warmup:
+                        loads[name].append(host.ms(start, host.mark()))
             phase = "warmup" if r < config.warmup else "timing"
             report(phase, r + 1, rounds)
         return _assemble(
@@ -402,7 +416,7 @@ def _assemble(
     sizes: dict[str, LayerSize],
     steps: list[float],
     samples: list[StepTimes],
-    update_samples: tuple[list[dict[str, float]], list[float], list[float], list[float]],
+    update_samples: tuple[list[dict[str, float]], list[float], dict[str, list[float]], list[float]],
     cut_samples: tuple[str | None, list[tuple[float, float]]],
     inputs: tuple[Any, ...],
     config: ProfileConfig,
@@ -503,7 +517,7 @@ def _assemble(
         **{name: ms * scale.compute for name, ms in loss.items()},
         "update": describe(config.optimizer, config.momentum),
         "update_overhead_ms": fig(overheads) if updates and updates[0] else 0.0,
-        "data_ms": fig(loads),
+        **{name: fig(samples) for name, samples in loads.items()},
         # The factors pdprof.calibrate applied (CUDA), and the layer sum / whole step before them.
         "calibration": scale.as_record(measured_sum / step_ms if step_ms > 0 else None),
         "cut_at": cut,

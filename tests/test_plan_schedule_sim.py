@@ -80,6 +80,21 @@ def test_one_stage_pays_data_forward_loss_backward_and_the_step() -> None:
     assert sim.bubble == pytest.approx(0.0, abs=1e-12)
 
 
+def test_each_stage_pays_its_fetch_the_inputs_the_targets_or_both() -> None:
+    """The first stage fetches the model inputs (data_ms), the last the targets (target_ms), a single
+    stage both in one fetch (data_target_ms); a graph without the last two charges data_ms alone."""
+    fetches = {"data_ms": 0.7, "target_ms": 0.3, "data_target_ms": 0.9}
+    base = chain(4)
+    g = base.model_copy(update={"graph": {**base.graph, **fetches}})
+    costs, _ = schedule_sim.stage_costs(g, plan_for(g, 2, 1e12))
+    before, _ = schedule_sim.stage_costs(base, plan_for(base, 2, 1e12))
+    added = [(a - b) * 1000 for a, b in zip(costs.forward, before.forward, strict=True)]
+    assert added == pytest.approx([0.7 - DATA, 0.3], rel=1e-9)
+    one, _ = schedule_sim.stage_costs(g, plan_for(g, 1, 1e12))
+    alone, _ = schedule_sim.stage_costs(base, plan_for(base, 1, 1e12))
+    assert (one.forward[0] - alone.forward[0]) * 1000 == pytest.approx(0.9 - DATA, rel=1e-9)
+
+
 def test_imported_profiles_without_update_or_loss_cost_only_compute() -> None:
     g = chain(3, extras=False)
     g = g.model_copy(update={"nodes": [n.model_copy(update={"update_ms": 0.0}) for n in g.nodes]})

@@ -79,6 +79,55 @@ def test_data_loading_is_timed_and_siblings_run_and_stop() -> None:
     assert multiprocessing.active_children() == []  # the sibling was stopped and joined
 
 
+SLOW_DATA = '''
+import time
+import torch
+
+
+class Slow(torch.utils.data.Dataset):
+    """Every sample read costs 2 ms; with ``table`` the labels also sit in a ``targets`` tensor."""
+
+    def __init__(self, table):
+        self.x, self.y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+        if table:
+            self.targets = self.y
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return self.x[i], self.y[i]
+
+
+def slow(table=False):
+    return Slow(table)
+'''
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_each_stages_fetch_is_timed_the_last_stages_from_the_targets_table_where_there_is_one(
+    tmp_path: Path, table: bool
+) -> None:
+    """data_ms (the inputs), target_ms (the targets alone, the last stage's) and data_target_ms (both,
+    a one-stage plan's): reading 8 samples costs at least 16 ms, the table of targets next to nothing."""
+    from pdprof.profiler import profile_spec
+
+    (tmp_path / "slow_data.py").write_text(SLOW_DATA)
+    spec = RunSpec(
+        model="zoo:resmlp",
+        model_args={"width": 32, "depth": 1},
+        data=f"{tmp_path / 'slow_data.py'}:slow",
+        data_args={"table": table},
+    )
+    extras = profile_spec(ProfileConfig(spec, 8, warmup=1, repeats=3)).graph.graph
+    assert extras["data_ms"] >= 16 and extras["data_target_ms"] >= 16
+    if table:
+        assert extras["target_ms"] < 2
+    else:
+        assert extras["target_ms"] >= 16
+
+
 @pytest.mark.parametrize("given", [["--concurrent", "2"], ["--concurrent", "1"], []])
 def test_concurrent_cli_option_reaches_the_graph(tmp_path: Path, given: list[str]) -> None:
     import torch
