@@ -6,7 +6,8 @@ by one (a stack of the same rows), without a ``__getitem__`` call per sample and
 the images on a last stage that needs only the labels (py-spy, 2-stage CNN: collating took
 ~15% of the first stage's compute and ~5% of the last's). Any other map-style dataset is
 indexed sample by sample and collated, except that a stage that needs only the labels
-takes them from the dataset's ``targets`` tensor where it has one (one row per sample).
+takes them from the dataset's ``targets`` tensor where it has one (one row per sample; a keyword
+dataset passes on the table of the dataset it wraps, ``shared.fields.KeywordSamples``).
 """
 
 from __future__ import annotations

@@ -70,6 +70,13 @@ class KeywordSamples:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    @property
+    def targets(self) -> Any:
+        """The wrapped dataset's table of targets (``targets[i]`` is sample i's) where its samples are
+        (fields, target) pairs: a last stage then gathers its labels from it, without reading every
+        sample (``shared.batches``). None where the target is a field of the sample."""
+        return getattr(self.dataset, "targets", None) if self.target is None else None
+
     def __getitem__(self, index: int) -> tuple[tuple[Any, ...], Any]:
         sample = self.dataset[index]
         got = keyword_fields(sample)

@@ -60,3 +60,20 @@ def test_labels_alone_come_from_the_targets_table_without_fetching_inputs() -> N
     # With a target_transform (torchvision's), targets[i] is not the label: fetch the samples.
     assert gather(transformed, torch.tensor([3, 1]), inputs=False)[1].tolist() == [6, 2]
     assert transformed.fetched == 2
+
+
+def test_keyword_samples_labels_come_from_the_wrapped_datasets_targets_table() -> None:
+    """A last stage of a transformers model reads its labels from zoo:pydoc_*'s table: the same batch as
+    reading every sample; a target named as a field of the sample has no table."""
+    from shared.fields import keyword_dataset
+
+    idx = torch.tensor([7, 0, 123, 7])
+    for spec in ("zoo:pydoc_lines", "zoo:pydoc_tokens"):
+        data = keyword_dataset(resolve_dataset(spec), ["input_ids", "attention_mask"], None, spec)
+        assert isinstance(data.targets, torch.Tensor)
+        want = default_collate([data[int(i)] for i in idx])
+        inputs, labels = gather(data, idx)
+        assert all(torch.equal(a, b) for a, b in zip(inputs, want[0], strict=True))
+        assert torch.equal(labels, want[1]) and torch.equal(gather(data, idx, inputs=False)[1], want[1])
+    named = keyword_dataset(resolve_dataset("zoo:pydoc_lines"), ["input_ids"], "attention_mask", "x")
+    assert named.targets is None

@@ -123,6 +123,35 @@ def test_pydoc_text_targets_are_the_next_characters() -> None:
     assert decode(torch.cat([x, y[-1:]])) in text
 
 
+@pytest.mark.parametrize("name", ["pydoc_tokens", "pydoc_lines"])
+def test_pydoc_blocks_are_the_corpus_with_real_characters_then_padding(name: str) -> None:
+    """Each sample, as the module doc defines it, from the corpus: its block's first characters (a
+    length fixed per sample, at least three quarters of the block), then padding (id 0, mask 0); the
+    target is the block with -100 at the padding (tokens) or its line breaks, capped (lines)."""
+    from shared.zoo.datasets.pydoc_text import corpus
+    from shared.zoo.datasets.pydoc_tokens import NEWLINE
+
+    data = resolve_dataset(f"zoo:{name}", {"block_size": 16})
+    text = corpus()
+    lengths = set()
+    for i in (0, 1, 2, 50, len(data) - 1):
+        fields, target = data[i]
+        start = int(data.starts[i])
+        length = int(fields["attention_mask"].sum())
+        lengths.add(length)
+        assert 12 <= length <= 16 and fields["attention_mask"][:length].all()
+        assert torch.equal(fields["input_ids"][:length], text[start : start + length])
+        assert (fields["input_ids"][length:] == 0).all()
+        if name == "pydoc_tokens":
+            assert (
+                torch.equal(target[:length], fields["input_ids"][:length]) and (target[length:] == -100).all()
+            )
+        else:
+            lines = int((text[start : start + length] == NEWLINE).sum())
+            assert target.shape == () and int(target) == min(lines, 2)
+    assert len(lengths) > 1  # the padding varies from sample to sample
+
+
 def test_synthetic_shapes_and_lazy_images() -> None:
     data = resolve_dataset(
         "zoo:synthetic", {"shape": [3, 5], "target_shape": [2], "num_classes": 4, "size": 7}
