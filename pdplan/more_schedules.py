@@ -2,9 +2,11 @@
 
 ``plan_for`` is what ``pdplan`` calls: PipeDream's three and zb-h1 plan as ``make_plan``
 does; ``2bw`` then takes at least as many microbatches per step as units in flight (the
-paper's m >= depth); ``interleaved-1f1b`` with ``--virtual-stages V`` on S workers asks the
-DP for V x S straight stages of consecutive layers (the chunks, balanced against each
-other) and puts chunk c of worker w at ``stages[c * S + w]`` on worker w's rank
+paper's m >= depth); ``interleaved-1f1b`` with ``--virtual-stages V`` on S workers cuts
+V x S chunks of consecutive layers, the split whose program simulates fastest
+(``pdplan.auto.best_chunking``: every split of a small graph, else the DP's for V x S
+straight stages, which balances the chunks against each other, and a balanced split), and
+puts chunk c of worker w at ``stages[c * S + w]`` on worker w's rank
 (Narayanan et al., SC'21, section 2.2: "each device is assigned multiple pipeline stages
 (model chunks)", round-robin); ``zb-v`` asks for 2 x S chunks the same way and places them
 in a V, chunk 1 of worker w at ``stages[2S - 1 - w]`` (Qi et al., ICLR'24, section 6), 2S
@@ -83,6 +85,14 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
     n = config.workers[0]
     if n < 2:
         raise UserError(f"--workers: {name} needs at least 2 workers, got {n}")
+    m = config.microbatches or (2 * n if name == "zb-v" else n)
+    from pdplan.auto import best_chunking  # pdplan.auto builds on this module
+
+    best = best_chunking(graph, config, v, name, m)
+    if best is not None:
+        _check_schedule(best)
+        return best
+    # No split runs and fits: the DP's chunks say why, in the lines below.
     try:
         # The paper's memory rule counts n * v workers of one chunk each: the limit is checked per worker below.
         chunks = make_plan(
@@ -97,12 +107,12 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             f"{v} x {n} = {n * v} chunks of consecutive layers, more than it has layers to split; "
             "lower --virtual-stages or --workers"
         ) from None
-    m = config.microbatches or (2 * n if name == "zb-v" else n)
     plan = interleave(graph, chunks, config.levels(), v, m, config.straight, schedule=name)
     skip = chunk_skip(plan, graph)
     if skip is not None:  # pdrun would refuse it: say so here, before a plan is written
         raise PlanError(
-            f"graph: no plan fits: in the best split into {v} x {n} chunks, {skip_words(skip)}; "
+            f"graph: no plan fits: no split into {v} x {n} chunks tried keeps every value within the next "
+            f"chunk; in the DP's, {skip_words(skip)}; "
             f"--schedule auto --virtual-stages {v} searches the splits whose chunks form a chain, or try "
             "other --workers" + (" / --virtual-stages" if name != "zb-v" else "")
         )
@@ -110,7 +120,11 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
     if config.memory is not None:
         over = over_memory(plan, config.memory)
         if over is not None:
-            raise PlanError(over + "; raise --memory, add workers, or let pdplan search (--schedule auto)")
+            raise PlanError(
+                over
+                + f", nor does any other split into {v} x {n} chunks tried; raise --memory, add workers, "
+                "or let pdplan search (--schedule auto)"
+            )
     return plan
 
 

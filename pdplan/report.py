@@ -71,7 +71,10 @@ def simulated_text(pred: Prediction, lead: str = "") -> str:
 
 def search_text(pred: Prediction) -> str:
     """What the DP searched: ``920 prefix states of 163,798,401,193 antichain states in 2.00 s``."""
-    text = " ".join(str(part) for part in (pred.states, pred.search, "states") if part is not None)
+    if pred.search == "exhaustive" and pred.states is None:
+        text = "every split simulated"  # pdplan.auto on a small graph: no DP ran
+    else:
+        text = " ".join(str(part) for part in (pred.states, pred.search, "states") if part is not None)
     total = pred.antichain_states
     if total is not None and total != pred.states:
         text += f" of {total:,} antichain states"

@@ -19,7 +19,7 @@ from pdplan.cli import main
 from pdplan.memory import received_per_unit, saved_per_unit, sent_per_unit
 from pdplan.more_schedules import plan_for
 from shared.graph import Edge, LayerGraph, Node, save_graph
-from shared.plan import Plan, save_plan
+from shared.plan import Plan, load_plan, save_plan
 from shared.schedule import Kind, build_program
 
 
@@ -128,10 +128,18 @@ def test_the_summary_line_and_memory_limit_count_a_workers_chunks_together(tmp_p
     assert f"M=2 V=2, peak {max(per_worker) / 1e6:.3g} MB/worker" in res.stderr
     # Each chunk alone fits a limit just under the worker's total; the worker does not.
     assert max(s.predicted.memory_bytes for s in p.stages if s.predicted) < max(per_worker) - 1
-    res = CliRunner().invoke(main, [*args, "--memory", str(max(per_worker) - 1)])
+    # Under a limit one of this split's workers exceeds, another split is chosen whose every worker's
+    # chunks, counted together, fit it (pdplan.auto.best_chunking searches the splits).
+    limit = max(per_worker) - 1
+    res = CliRunner().invoke(main, [*args, "--memory", str(limit), "-o", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    r = load_plan(tmp_path / "r.json")
+    assert [s.layers for s in r.stages] != [s.layers for s in p.stages]
     assert (
-        res.exit_code == 2
-        and f"worker {per_worker.index(max(per_worker))} of the interleaved-1f1b plan" in res.stderr
+        max(sum(s.predicted.memory_bytes for s in r.stages[w::2] if s.predicted) for w in range(2)) <= limit
     )
+    # A limit no split fits: one line naming a worker of the interleaved-1f1b plan, exit 2.
+    res = CliRunner().invoke(main, [*args, "--memory", "1000"])
+    assert res.exit_code == 2 and "of the interleaved-1f1b plan" in res.stderr, res.output
     res = CliRunner().invoke(main, [*args, "--memory", str(max(per_worker)), "-o", str(tmp_path / "q.json")])
     assert res.exit_code == 0, res.output
