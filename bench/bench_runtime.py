@@ -24,6 +24,10 @@ simulator's for pdrun's program of that schedule (``shared.simulate`` via
 ``pdplan.schedule_sim``). A run that fails is reported as failed in its row and figures; the
 others are still written.
 
+Every plan is made for the link the runs use, ``pdrun link``'s bandwidth and latency between two
+local workers: the chunked schedules' split is chosen by simulation, and a split chosen for a
+slower link than the one that runs is not the one that runs best on it.
+
 Run alone: ``python -m bench.bench_runtime [--quick]``.
 """
 
@@ -156,7 +160,12 @@ class Config:
     microbatches: int = 4
     steps: int = 40  # timed optimizer steps (flush schedules); 1F1B runs as many units
     warmup: int = 4
-    bandwidth: float = 1e9  # what the plan assumes between the two workers, bytes/s
+    # What the plans assume between the two workers (bytes/s, seconds); None: the link `pdrun link`
+    # measures on this host, the one the runs use. Planned for a 1 GB/s link on shared memory
+    # (1.4e10 B/s), interleaved-1f1b's chunks were chosen for sends 14x dearer than they are: its
+    # measured idle fraction was 1.0-1.07 of 1F1B-flush's, 0.83 on the chunks chosen for the link.
+    bandwidth: float | None = None
+    latency: float | None = None
     repeats: int = 3  # best of three interleaved runs: the machine is shared
     lr: float = 0.05
     momentum: float = 0.9
@@ -290,7 +299,16 @@ def make_plan(work: Path, cfg: Config, case: Case = CNN) -> tuple[Path, Path, li
     )
     cmds = [prof.cmd]
     cmds.append(
-        toolchain.plan(graph, plan_path, 2, cfg.bandwidth, "1f1b-flush", cfg.microbatches, straight=True).cmd
+        toolchain.plan(
+            graph,
+            plan_path,
+            2,
+            _known(cfg.bandwidth),
+            "1f1b-flush",
+            cfg.microbatches,
+            straight=True,
+            latency=cfg.latency,
+        ).cmd
     )
     return graph, plan_path, cmds
 
@@ -306,10 +324,11 @@ def make_chunked_plan(
         graph,
         path,
         2,
-        cfg.bandwidth,
+        _known(cfg.bandwidth),
         schedule,
         cfg.microbatches,
         straight=True,
+        latency=cfg.latency,
         extra=["--virtual-stages", str(VIRTUAL_STAGES)],
     )
     return path, done.cmd
@@ -319,8 +338,23 @@ def _slug(name: str) -> str:
     return "-" + "".join(c if c.isalnum() else "-" for c in name.lower()) if name else ""
 
 
+def _known(bandwidth: float | None) -> float:
+    assert bandwidth is not None, "bench() fills in the measured link"
+    return bandwidth
+
+
 def bench(work: Path, cfg: Config, cases: tuple[Case, ...] = CASES) -> Report:
     report = Report("pdrun against the alternatives", "python -m bench.bench_runtime")
+    if cfg.bandwidth is None:
+        # The median of three probes: one probe read 2.2e9 B/s where the next four read 1.3e10-2.0e10.
+        probes = sorted((toolchain.link() for _ in range(3)), key=lambda p: p[1])
+        probe, bandwidth, latency = probes[1]
+        cfg = replace(cfg, bandwidth=bandwidth, latency=latency)
+        report.notes.append(
+            f"Every plan is made for the link the runs use, the median of three `{probe.cmd}`: "
+            f"{bandwidth:.3g} B/s, latency {latency * 1e6:.0f} us (the three read "
+            f"{', '.join(f'{p[1]:.3g}' for p in probes)} B/s; `pdplan --bandwidth --latency`)."
+        )
     for case in cases:
         bench_case(work, replace(cfg, steps=min(cfg.steps, case.steps or cfg.steps)), case, report)
     return report
