@@ -104,7 +104,7 @@ def auto_plan(graph: LayerGraph, config: PlanConfig) -> Plan:
             f"graph: no plan fits --memory {config.memory:g} bytes per worker on {math.prod(config.workers)} "
             f"workers: the leanest candidate, {leanest}; raise --memory or add workers"
         )
-    tried.sort(key=lambda t: (t.time_s, t.memory_bytes, t.order))
+    tried.sort(key=_preference)
     best = tried[0]
     alternatives = [
         Alternative(
@@ -173,7 +173,7 @@ def search(
 def _distinct_partitions(tried: Sequence[Tried], count: int) -> list[Tried]:
     out: list[Tried] = []
     seen = set()
-    for t in sorted(tried, key=lambda t: (t.time_s, t.memory_bytes, t.order)):
+    for t in sorted(tried, key=_preference):
         key = (tuple(map(tuple, t.part.stage_nodes)), tuple(map(tuple, t.part.ranks)), t.part.chunks)
         if key not in seen:
             seen.add(key)
@@ -486,9 +486,20 @@ def chunk_candidates(graph: LayerGraph, config: PlanConfig, problem: Problem) ->
             k = v * stages
             if k not in splits:
                 splits[k] = _chunk_splits(graph, config, problem, k)
-            ranks = [list(range(i * r, (i + 1) * r)) for i in range(k)]
-            out.extend(replace(part, ranks=ranks, chunks=v, time_s=None) for part in splits[k])
+            out.extend(_as_chunks(splits[k], v, r))
     return out
+
+
+def _as_chunks(splits: Sequence[Partition], v: int, r: int) -> list[Partition]:
+    """``splits`` into V x S chunks as chunked candidates: chunk k on r ranks of its own (the search
+    puts it on worker stage k mod S's), recosted by the search."""
+    ranks = [list(range(i * r, (i + 1) * r)) for i in range(len(splits[0].stage_nodes))] if splits else []
+    return [replace(part, ranks=ranks, chunks=v, time_s=None) for part in splits]
+
+
+def _preference(t: Tried) -> tuple[float, float, int]:
+    """How candidates rank, best first: the fastest simulated, then the leanest, then the first tried."""
+    return (t.time_s, t.memory_bytes, t.order)
 
 
 def best_chunking(
@@ -505,16 +516,12 @@ def best_chunking(
     """
     began = time.perf_counter()
     k = chunks * config.workers[0]
-    ranks = [[i] for i in range(k)]
-    problem = prepare_layers(graph)
-    parts = [
-        replace(p, ranks=ranks, chunks=chunks, time_s=None) for p in _chunk_splits(graph, config, problem, k)
-    ]
+    parts = _as_chunks(_chunk_splits(graph, config, prepare_layers(graph), k), chunks, 1)
     state = _Search(graph, config)
     state.run(parts, [(schedule, microbatches)])
     if not state.tried:
         return None
-    return _searched(min(state.tried, key=lambda t: (t.time_s, t.memory_bytes, t.order)), parts, began)
+    return _searched(min(state.tried, key=_preference), parts, began)
 
 
 def _chunk_splits(graph: LayerGraph, config: PlanConfig, problem: Problem, k: int) -> list[Partition]:
