@@ -62,11 +62,13 @@ MAX_UNITS = 4096
 
 @dataclass(frozen=True)
 class ScheduleFigures:
-    """The simulated run: seconds per unit in steady state and the idle share of the workers."""
+    """The simulated run: seconds per unit in steady state, the idle share of the workers (the bubble)
+    and their share in blocking sends (``shared.simulate.Simulation.sending_share``)."""
 
     time_per_minibatch_s: float
     bubble: float
     units: int
+    sending: float = 0.0
 
 
 def _extra_ms(graph: LayerGraph, key: str) -> float:
@@ -225,7 +227,9 @@ def simulate_plan(graph: LayerGraph, plan: Plan, scale: Sequence[float] | None =
         plan.virtual_stages,
     )
     run = simulate(program, costs)
-    return ScheduleFigures(time_per_minibatch_s=run.time_per_unit, bubble=run.bubble, units=units)
+    return ScheduleFigures(
+        time_per_minibatch_s=run.time_per_unit, bubble=run.bubble, units=units, sending=run.sending_share
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -248,10 +248,18 @@ class Simulation:
     makespan: float
     busy: dict[Worker, float]  # forward, backward, weight-gradient and step time
     allreduce: dict[Worker, float]  # all-reduce time after every replica arrived
+    sending: dict[Worker, float]  # time in blocking sends (``Costs.blocking_sends``; else 0)
     idle: dict[Worker, float]  # the rest of the makespan
     time_per_unit: float  # steady state: seconds between unit completions, fill and drain left out
     bubble: float  # idle share of all workers' time
     timeline: Timeline
+
+    @property
+    def sending_share(self) -> float:
+        """Blocking sends' share of all workers' time: neither computing nor the bubble. A run's measured
+        idle fraction (all but computing, ``bench.bench_runtime``) is :attr:`bubble` plus this."""
+        total = self.makespan * len(self.sending)
+        return sum(self.sending.values()) / total if total > 0 else 0.0
 
     @cached_property
     def peak_in_flight(self) -> dict[Worker, int]:
@@ -299,17 +307,18 @@ def simulate(program: Program, costs: Costs) -> Simulation:
         replicas[stage] = replicas.get(stage, 0) + 1
     busy = dict.fromkeys(program, 0.0)
     reduce = dict.fromkeys(program, 0.0)
+    sending = dict.fromkeys(program, 0.0)
     for op in timeline.ops:
-        if op.instr.kind is Kind.ALLREDUCE:
-            reduce[op.worker] += op.end - op.start
-        else:
-            busy[op.worker] += op.end - op.start
-    idle = {w: makespan - busy[w] - reduce[w] for w in program}
+        kind = op.instr.kind
+        part = reduce if kind is Kind.ALLREDUCE else sending if kind in SENDS else busy
+        part[op.worker] += op.end - op.start  # a non-blocking send or a receive takes no time
+    idle = {w: makespan - busy[w] - reduce[w] - sending[w] for w in program}
     total = makespan * len(program)
     return Simulation(
         makespan=makespan,
         busy=busy,
         allreduce=reduce,
+        sending=sending,
         idle=idle,
         time_per_unit=_time_per_unit(timeline.ops, makespan, math.lcm(*replicas.values()) if replicas else 1),
         bubble=sum(idle.values()) / total if total > 0 else 0.0,

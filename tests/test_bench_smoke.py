@@ -274,6 +274,41 @@ def test_bubble_table_simulates_each_schedule_on_its_own_split() -> None:
         assert 0 < busy <= 1 + 1e-9, (schedule, busy)
 
 
+def test_the_simulated_idle_fraction_counts_blocking_sends_as_the_measured_one_does() -> None:
+    # The measured idle fraction is all but computing, so the sender's copies into shared memory count in
+    # it; the simulated one beside it must count them too. On the uniform chain with messages that cost
+    # a third of a forward, sent blocking (as pdrun's CPU workers send on a 2-core host): the interleaved
+    # plan crosses three cuts a unit where the 2-stage flush plan crosses one, so it spends more of its
+    # time sending, and its idle fraction (bubble plus sending) stands above its bubble alone.
+    from dataclasses import replace
+
+    from bench.bench_planner import synthetic_chain
+    from bench.bench_runtime import simulated
+    from pdplan.build import PlanConfig, make_plan
+    from pdplan.more_schedules import plan_for
+    from shared.graph import LayerGraph
+
+    chain = synthetic_chain(8, seed=3)
+    # 1 MB a message at 3e9 B/s: a third of a millisecond, against 1 ms forwards.
+    uniform = {"forward_ms": 1.0, "backward_ms": 2.0, "activation_bytes": 1e6}
+    nodes = [n if n.op == "input" else n.model_copy(update=uniform) for n in chain.nodes]
+    graph = LayerGraph.model_validate({**chain.model_dump(), "nodes": [n.model_dump() for n in nodes]})
+    config = PlanConfig(workers=(2,), bandwidths=(3e9,), straight=True, blocking_sends=True, microbatches=4)
+    two = make_plan(graph, replace(config, schedule="1f1b-flush"))
+    chunked = plan_for(graph, replace(config, schedule="interleaved-1f1b"), 2)
+    flush = simulated(graph, two, "1f1b-flush", 4)
+    inter = simulated(graph, chunked, "interleaved-1f1b", 4)
+    assert 0 < flush.sending < inter.sending
+    assert flush.bubble + flush.sending < 1 and inter.bubble + inter.sending < 1
+    free = simulated(
+        graph,
+        chunked.model_copy(update={"cluster": chunked.cluster.model_copy(update={"blocking_sends": False})}),
+        "interleaved-1f1b",
+        4,
+    )
+    assert free.sending == 0.0
+
+
 def test_each_case_compares_the_pairs_it_runs() -> None:
     # A case's pairs are PAIRS filtered by what it runs: the GPT case (no layout variants) gets the
     # NCHW pairs, the second wave's included, and none of the channels-last ones.

@@ -149,3 +149,22 @@ def test_schedule_modules_do_not_import_torch() -> None:
     code = "import sys, shared.schedule, shared.simulate, pdrun.cmd_schedule; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def test_blocking_sends_count_apart_from_compute_and_the_bubble() -> None:
+    # The same GPipe pipeline as above: blocking, stage 0 spends 0.5 s in each of its 2 sends and stage 1
+    # (which sends its gradients back) as long in each of its 2; busy is compute alone, and the workers'
+    # time is busy + sending + idle, with the bubble the idle share as before (sending was in busy).
+    program = build_program("gpipe", [1, 1], 2, microbatches=2)
+    costs = Costs(
+        forward=[1.0, 1.0], backward=[1.0, 1.0], transfer={(0, 1): 0.5, (1, 0): 0.5}, blocking_sends=True
+    )
+    run = simulate(program, costs)
+    for w in program:
+        assert run.sending[w] == pytest.approx(1.0)
+        assert run.busy[w] == pytest.approx(4.0)
+        assert run.busy[w] + run.sending[w] + run.idle[w] == pytest.approx(run.makespan)
+    assert run.sending_share == pytest.approx(2.0 / (2 * run.makespan))
+    assert run.bubble == pytest.approx(sum(run.idle.values()) / (2 * run.makespan))
+    free = simulate(program, Costs(forward=[1.0, 1.0], backward=[1.0, 1.0], transfer={(0, 1): 0.5}))
+    assert free.sending_share == 0.0
