@@ -127,7 +127,7 @@ def build_worker(
         peak.start(device, stage.module)  # the run's memory from here: the stage's, not the whole model's
         group = replica_groups(plan)[s]
         tied = tied_gradients(
-            plan, ties, {s: stage.module}, comm.wire
+            plan, ties, {s: stage.module}, comm
         )  # after the replicas' groups, on every rank
     stash = plan.schedule == "1f1b" and cfg.stash and needs_stash(plan, model.part, s)
     versions = (

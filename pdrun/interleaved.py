@@ -303,7 +303,7 @@ def train_interleaved(
     ]
     # Tied parameters across chunks: the rank sums its chunks' copies, then with the other ranks'.
     tied = tied_gradients(
-        plan, find_ties(model.traced, part), {w.s: w.config.stage.module for w in chunks}, comm.wire
+        plan, find_ties(model.traced, part), {w.s: w.config.stage.module for w in chunks}, comm
     )
     del model  # the whole model: this rank keeps its chunks
     # The run's memory from here: the rank's chunks', all in one process (pdrun/peak.py).
@@ -369,6 +369,7 @@ def train_interleaved(
         send_thread=comm.poster is not None,
         links=dict(comm.used),
         replica_sum=comm.summed,
+        tie_sum=comm.tie_summed,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)

@@ -138,6 +138,7 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "transport": {r.rank: transport_of(r) for r in results},
         "links": {r.rank: dict(sorted(r.links.items())) for r in results},  # per rank, per peer
         "replica_sum": {r.rank: r.replica_sum for r in results if r.replica_sum is not None},
+        "tie_sum": {r.rank: r.tie_sum for r in results if r.tie_sum is not None},
         "memory": memory_summary(results, plan),
     }
     if last and last[0].validation:
@@ -159,8 +160,9 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
 
 
 def transport_of(result: WorkerResult) -> str:
-    """What carried a rank's messages and its replicas' sum: "shm", "gloo" (the backend), "mixed", or "none"."""
-    kinds = {*result.links.values(), *([result.replica_sum] if result.replica_sum else [])}
+    """What carried a rank's messages and its sums (its replicas', its ties'): "shm", "gloo" (the backend),
+    "mixed", or "none"."""
+    kinds = {*result.links.values(), *(k for k in (result.replica_sum, result.tie_sum) if k)}
     if not kinds:
         return "none"
     return kinds.pop() if len(kinds) == 1 else "mixed"

@@ -37,4 +37,5 @@ class WorkerResult:
     send_thread: bool = False  # its sends went through the helper thread (--send-thread)
     links: dict[int, str] = field(default_factory=dict)  # per peer it messaged: "shm" or "gloo" carried them
     replica_sum: str | None = None  # a replicated stage: what summed its gradients ("shm" or "gloo")
+    tie_sum: str | None = None  # a stage holding a tied parameter: what summed its gradient ("shm" or "gloo")
     updates: int = 0  # this rank's own optimizer updates (1f1b: a replica of r updates once per r units)

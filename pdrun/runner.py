@@ -179,6 +179,7 @@ def _train(
         send_thread=transport.poster is not None,
         links=dict(transport.used),
         replica_sum=transport.summed,
+        tie_sum=transport.tie_summed,
     )
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)

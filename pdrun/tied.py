@@ -31,13 +31,14 @@ may span unreplicated stages only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from pdrun.partition import Partition
+from pdrun.transport.interface import ReplicaSum
+from pdrun.transport.router import Transport
 from shared.errors import PlanError
 from shared.plan import Plan
 from shared.ties import parameter_reads
@@ -88,34 +89,38 @@ def check_ties(plan: Plan, ties: list[Tie], source: str = "plan") -> None:
                 )
 
 
-# Per group of stages: its process group, this rank's weight (1/replicas), and per tie the copies this
-# rank holds (one, or under interleaved-1f1b one per chunk of the rank that reads the tie).
-Share = tuple[Any, float, list[list[nn.Parameter]]]
+# Per group of stages: its sum over their ranks (``pdrun.transport``: through shared memory where the
+# ranks share a node, as a replicated stage's gradients are summed, else gloo's all-reduce: over
+# loopback gloo took 0.5-0.6 ms a step for the 4 x 64 GPT-2's embedding, which the planner's link
+# figure put at 0.1 ms), this rank's weight (1/replicas), and per tie the copies this rank holds
+# (one, or under interleaved-1f1b one per chunk of the rank that reads the tie).
+Share = tuple[ReplicaSum, float, list[list[nn.Parameter]]]
 
 
 class TiedGradients:
-    """This rank's share of the ties: per group of stages, its tied parameters and the group's collective."""
+    """This rank's share of the ties: per group of stages, its tied parameters and the group's sum."""
 
-    def __init__(self, groups: list[Share], wire: torch.device) -> None:
+    def __init__(self, groups: list[Share]) -> None:
         self.groups = groups
-        self.wire = wire
 
     def sum(self) -> None:
         """Sum every tied gradient over the stages that hold it (before the optimizer step).
 
-        The copies one rank holds add up here first; the group's all-reduce adds the other ranks'.
+        The copies one rank holds add up here first; the group's sum adds the other ranks'.
         """
-        for group, weight, ties in self.groups:
+        for total, weight, ties in self.groups:
             grads = [_local_sum(copies) for copies in ties]
-            flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire)
+            flat = torch.cat([g.reshape(-1) for g in grads])
             if weight != 1.0:
                 flat.mul_(weight)
-            dist.all_reduce(flat, group=group)
+            total.start(0, [flat])
+            summed = total.total(0)
+            total.next_step()
             offset = 0
             for copies in ties:
                 n = copies[0].numel()
                 for p in copies:
-                    g = flat[offset : offset + n].view_as(p).to(p.device)
+                    g = summed[offset : offset + n].view_as(p).to(p.device)
                     p.grad = g if len(copies) == 1 else g.clone()  # a rank's copies keep grads of their own
                 offset += n
 
@@ -127,7 +132,7 @@ def _local_sum(copies: list[nn.Parameter]) -> torch.Tensor:
 
 
 def tied_gradients(
-    plan: Plan, ties: list[Tie], held: dict[int, nn.Module], wire: torch.device
+    plan: Plan, ties: list[Tie], held: dict[int, nn.Module], comm: Transport
 ) -> TiedGradients | None:
     """Make every tie's process group (every rank must call this, in the same order) and this rank's share.
 
@@ -150,5 +155,7 @@ def tied_gradients(
         for tie in group_ties:
             names = dict(tie.names)
             copies.append([live[s][next(n for n in names[s] if n in live[s])] for s in here])
-        mine.append((group, 1.0 / plan.stages[here[0]].replicas, copies))
-    return TiedGradients(mine, wire) if mine else None
+        bucket = (sum(c[0].numel() for c in copies), copies[0][0].dtype)
+        total = comm.tie_sum("tie-" + "-".join(map(str, stages)), ranks, group, [bucket])
+        mine.append((total, 1.0 / plan.stages[here[0]].replicas, copies))
+    return TiedGradients(mine) if mine else None

@@ -21,6 +21,7 @@ from pdrun.partition import partition
 from pdrun.plans import cut_plan, traced_for
 from pdrun.result import WorkerResult
 from pdrun.tied import TiedGradients, find_ties
+from pdrun.transport.gloo_sum import GlooSum
 from shared.errors import PlanError
 from shared.plan import Plan
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
@@ -152,6 +153,10 @@ def test_flush_with_a_tie_across_stages_equals_one_process(
     initial, want = sequential(spec, steps=steps, batch=batch * microbatches, seed=1, lr=0.5, momentum=0.9)
     copies = _copies(results, {0: first, len(cuts): last})
     assert torch.equal(copies[0], copies[len(cuts)])  # one parameter: the copies never part
+    # One host: the tie's ranks sum it through shared memory, as a replicated stage's gradients.
+    tied = {r.rank: r.tie_sum for r in results if r.stage in (0, len(cuts))}
+    assert set(tied.values()) == {"shm"}, tied
+    assert all(r.tie_sum is None for r in results if r.stage not in (0, len(cuts)))
     assert_same({first: copies[0]}, {first: want[first]}, 1e-6)
     assert (want[first] - initial[first]).abs().max().item() > 1e-3
     assert_same(_merged(results, {first, last}), {n: t for n, t in want.items() if n != first}, 1e-6)
@@ -161,10 +166,13 @@ def test_flush_with_a_tie_across_stages_equals_one_process(
 @pytest.mark.parametrize("vertical_sync", [False, True])
 def test_1f1b_keeps_the_tied_copies_identical(vertical_sync: bool) -> None:
     plan = cut_plan(GPT, ["h_0_ln_2", "h_1_ln_2"], batch_size=8, schedule="1f1b", vertical_sync=vertical_sync)
-    results = launch(
-        plan, RunConfig(steps=20, seed=0, lr=3e-3, optimizer="adam", record=True, validate=False)
+    # Over gloo: the tie's sum takes the process group's all-reduce, the other way it may go.
+    cfg = RunConfig(
+        steps=20, seed=0, lr=3e-3, optimizer="adam", record=True, validate=False, transport="gloo"
     )
+    results = launch(plan, cfg)
     assert results is not None
+    assert {r.tie_sum for r in results if r.stage in (0, 2)} == {"gloo"}
     copies = _copies(results, {0: "wte.weight", 2: "lm_head.weight"})
     assert torch.equal(copies[0], copies[2])
     losses = [row["loss"] for r in results if r.stage == 2 for row in r.rows]
@@ -213,7 +221,7 @@ def test_a_ranks_own_copies_of_a_tie_add_up_before_the_group_sums_them() -> None
         a, b, lone = (nn.Parameter(torch.zeros(3, 2, dtype=torch.float64)) for _ in range(3))
         a.grad, b.grad = torch.full_like(a, 1.5), torch.arange(6.0, dtype=torch.float64).view(3, 2)
         lone.grad = torch.ones_like(lone)
-        TiedGradients([(None, 1.0, [[a, b], [lone]])], torch.device("cpu")).sum()
+        TiedGradients([(GlooSum(None, torch.device("cpu")), 1.0, [[a, b], [lone]])]).sum()
         want = 1.5 + torch.arange(6.0, dtype=torch.float64).view(3, 2)
         assert torch.equal(a.grad, want) and torch.equal(b.grad, want)
         assert a.grad.data_ptr() != b.grad.data_ptr()

@@ -6,7 +6,7 @@ meet over gloo. Ranks of one node pass their messages through shared memory
 (``pdrun/transport/shm.py``) when both ends can: ``--transport auto``, the CPU, an x86 host
 with ``/dev/shm``, no emulated slow link. A replicated stage sums its gradients through
 shared memory (``shm_sum.py``) when every replica's messages to the others would; else
-through gloo's all-reduce. Every rank decides every pair from the same gathered table, so
+through gloo's all-reduce. The stages that hold a tied parameter sum its gradient the same way. Every rank decides every pair from the same gathered table, so
 both ends of a pair, and all replicas of a stage, agree.
 """
 
@@ -99,7 +99,7 @@ def open_transport(
     }
 
     def sum_of(
-        stage: int, ranks: Sequence[int], group: Any, buckets: list[tuple[int, torch.dtype]]
+        stage: int | str, ranks: Sequence[int], group: Any, buckets: list[tuple[int, torch.dtype]]
     ) -> ReplicaSum:
         if shm is not None and all(r == env.rank or r in peers for r in ranks):
             return ShmSum(shm.links.job, stage, ranks, env.rank, buckets, cfg.timeout_s, group)

@@ -26,7 +26,7 @@ from shared.errors import RunError
 EMULATE_BANDWIDTH_ENV = "PIPEDREAM_EMULATE_BANDWIDTH"
 
 # (stage, its replicas' ranks, their process group, the buckets' (elements, dtype)) -> their sum
-SumOf = Callable[[int, Sequence[int], Any, list[tuple[int, torch.dtype]]], ReplicaSum]
+SumOf = Callable[[int | str, Sequence[int], Any, list[tuple[int, torch.dtype]]], ReplicaSum]
 
 
 def emulated_bandwidth() -> float | None:
@@ -63,6 +63,7 @@ class Transport:
         self.poster: _Poster | None = None  # started with the first send
         self.used: dict[int, str] = {}  # peer -> what carried the messages to or from it
         self.summed: str | None = None  # what summed this stage's replicas' gradients, if anything did
+        self.tie_summed: str | None = None  # what summed its tied parameters' gradients, if it holds any
 
     def _carrier(self, peer: int) -> Carrier:
         carrier = self.carriers.get(peer)
@@ -122,6 +123,16 @@ class Transport:
         """The sum of ``buckets`` over stage ``stage``'s replicas ``ranks`` (every replica asks together)."""
         made = self.sum_of(stage, ranks, group, buckets)
         self.summed = made.kind
+        return made
+
+    def tie_sum(
+        self, name: str, ranks: Sequence[int], group: Any, buckets: list[tuple[int, torch.dtype]]
+    ) -> ReplicaSum:
+        """The sum of ``buckets`` over the ranks of the stages that hold tied parameters (``pdrun.tied``),
+        named ``name``: shared memory where a replicated stage's sum would take it, else the group's
+        all-reduce (every one of ``ranks`` asks together)."""
+        made = self.sum_of(name, ranks, group, buckets)
+        self.tie_summed = made.kind
         return made
 
     def drain(self) -> None:

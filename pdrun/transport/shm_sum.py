@@ -27,14 +27,15 @@ from shared.errors import RunError
 
 
 class ShmSum:
-    """Bucket sums among the replicas ``ranks`` of stage ``stage``; every replica constructs it together."""
+    """Bucket sums among the replicas ``ranks`` of stage ``stage`` (or the ranks of a tie's stages, ``stage``
+    then the group's name, ``pdrun.tied``); every one of them constructs it together."""
 
     kind = "shm"
 
     def __init__(
         self,
         job: str,
-        stage: int,
+        stage: int | str,
         ranks: Sequence[int],
         rank: int,
         buckets: Sequence[tuple[int, torch.dtype]],  # (elements, dtype) per bucket
