@@ -100,6 +100,7 @@ def build_worker(
     dtype: torch.dtype,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     group: Any = None,
+    taken: set[int] | None = None,
 ) -> Worker:
     """The worker of stage ``where[0]``, replica ``where[1]``, on this rank (restored on ``--resume``).
 
@@ -107,6 +108,11 @@ def build_worker(
     metrics row (the progress bar). A chunk (``plan.virtual_stages > 1``) is given its virtual
     stage's replicas' ``group``, made with every other stage's before any chunk is built; its
     rank sums tied gradients and tracks its memory once, for all of its chunks (``pdrun.interleaved``).
+    ``taken``: the ids of the parameters the rank's chunks built before this one step; this chunk's
+    optimizer steps the others, and adds theirs. The chunks are built from one traced model, so a
+    parameter two of them read (GPT-2's token embedding and its output layer, which zb-v's V puts
+    on rank 0's first and last chunk) is one tensor in both, its gradient accumulated from both
+    chunks' backwards: one optimizer steps it, once (``pdrun.tied`` counts it once in the tie's sum).
     """
     s, replica = where
     device = comm.device
@@ -135,7 +141,10 @@ def build_worker(
         if plan.schedule == "2bw"
         else WeightVersions(stage.module, stash=stash, history=stash and plan.vertical_sync)
     )
-    optimizer = make_optimizer(list(versions.live.values()), cfg)
+    stepped: list[torch.Tensor] = [p for p in versions.live.values() if taken is None or id(p) not in taken]
+    if taken is not None:
+        taken.update(id(p) for p in stepped)
+    optimizer = make_optimizer(stepped, cfg)
     steps = 0
     if cfg.resume_from is not None:
         ck = Path(cfg.resume_from)

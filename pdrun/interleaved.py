@@ -287,6 +287,7 @@ def train_interleaved(
     last = len(plan.stages) - 1
     progress = Progress(cfg, plan.chunk_worker(last) == s and replica == 0, segs.steps)
     groups = replica_groups(plan)  # every chunk's, on every rank, before any chunk is built
+    taken: set[int] = set()  # the parameters of the chunks built so far (build_worker.own_copies)
     chunks = [
         build_worker(
             env,
@@ -298,6 +299,7 @@ def train_interleaved(
             dtype,
             on_step=progress.step if v == last else None,
             group=groups[v],
+            taken=taken,
         )
         for v in plan.worker_chunks(s)
     ]

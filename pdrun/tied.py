@@ -119,16 +119,25 @@ class TiedGradients:
             offset = 0
             for copies in ties:
                 n = copies[0].numel()
-                for p in copies:
+                mine = _distinct(copies)
+                for p in mine:
                     g = summed[offset : offset + n].view_as(p).to(p.device)
-                    p.grad = g if len(copies) == 1 else g.clone()  # a rank's copies keep grads of their own
+                    p.grad = g if len(mine) == 1 else g.clone()  # a rank's copies keep grads of their own
                 offset += n
 
 
 def _local_sum(copies: list[nn.Parameter]) -> torch.Tensor:
-    """The gradient of a tie's copies on this rank: the one copy's as it is, or several added up."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]
+    """The gradient of a tie's copies on this rank: the one copy's as it is, or several added up.
+
+    Two chunks of a rank built from one traced model may hold one tensor (``pdrun.build_worker``:
+    its gradient already has both chunks' parts), which counts once."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in _distinct(copies)]
     return grads[0] if len(grads) == 1 else torch.stack(grads).sum(0)
+
+
+def _distinct(copies: list[nn.Parameter]) -> list[nn.Parameter]:
+    """``copies`` without repeats of one tensor, in order."""
+    return list({id(p): p for p in copies}.values())  # dicts keep the first insertion's order
 
 
 def tied_gradients(

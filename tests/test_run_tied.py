@@ -213,6 +213,26 @@ def test_interleaved_with_a_tie_across_ranks_equals_one_process() -> None:
     assert_same(rest, {n: t for n, t in want.items() if n != "wte.weight"}, 1e-6)
 
 
+@pytest.mark.timeout(180)
+def test_zb_v_with_both_ends_of_a_tie_on_one_rank_equals_one_process() -> None:
+    # zb-v's V puts the first chunk (wte) and the last (lm_head) on rank 0, both built from one traced
+    # model: one tensor in two chunks. It is stepped once (by the first chunk's optimizer) and counted
+    # once in the tie's sum; before, both chunks stepped it and the sum doubled its gradient (wte.weight
+    # 1.64 off one process after 4 steps).
+    from tests.test_run_zb_v import zb_v_plan
+
+    plan = zb_v_plan(["h_0_ln_2", "h_1_ln_1", "h_1_ln_2"], 2, 4, 2, GPT)
+    assert plan.chunk_worker(0) == plan.chunk_worker(3) == 0
+    steps = 4
+    cfg = RunConfig(steps=steps, seed=1, dtype="float64", lr=0.5, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None
+    initial, want = sequential(GPT, steps=steps, batch=8, seed=1, lr=0.5, momentum=0.9)
+    got = {n: t for r in results for n, t in r.params.items()}
+    assert_same({n: got[n] for n in want}, want, 1e-6)
+    assert (want["wte.weight"] - initial["wte.weight"]).abs().max().item() > 1e-3
+
+
 def test_a_ranks_own_copies_of_a_tie_add_up_before_the_group_sums_them() -> None:
     # An interleaved rank may hold a tie in two chunks: its copies' gradients add up, the group's
     # all-reduce adds the other ranks' (none here), and each copy gets the sum in a tensor of its own.
