@@ -222,7 +222,7 @@ class _Search:
                 costs_of = {name: stage_costs(graph, p) for name, p in placed.items()}
                 costs, edges = costs_of["interleaved-1f1b"]
                 if edges != [(s, s + 1) for s in range(len(part.stage_nodes) - 1)]:
-                    continue  # chunked schedules send values only to the next chunk (pdrun refuses a skip)
+                    continue  # a chunk that feeds none after it: no chain (values that skip are relayed)
                 replicas = [r] * (len(part.stage_nodes) // part.chunks)
             else:
                 base = assemble(graph, config, part, "1f1b", config.microbatches or 1)

@@ -204,8 +204,8 @@ def interleaving_passed(p: Plan, virtual_stages: int | None) -> str | None:
     why = (
         f"the best simulated {min(a.simulated_time_per_minibatch_s for a in tried) * 1000:.3f} ms/minibatch"
         if tried
-        else f"no split into {virtual_stages} chunks a worker came near; a value skipping a chunk or a "
-        "parameter tied across chunks rules a split out"
+        else f"no split into {virtual_stages} chunks a worker came near, or a parameter tied across "
+        "chunks rules the splits out"
     )
     names = "interleaved-1f1b" + (" and zb-v were" if virtual_stages == 2 else " was")
     return (

@@ -76,7 +76,7 @@ import math
 from collections.abc import Sequence
 
 from shared.graph import LayerGraph
-from shared.plan import Plan, StageMemory
+from shared.plan import Plan, StageMemory, crossing_values
 from shared.schedule import (
     VSHAPED,
     Instr,
@@ -138,22 +138,33 @@ def sent_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
     )
 
 
-def message_bytes(graph: LayerGraph, stages: Sequence[Sequence[str]], held: Sequence[int]) -> list[float]:
+def message_bytes(
+    graph: LayerGraph, stages: Sequence[Sequence[str]], held: Sequence[int], chunked: bool = False
+) -> list[float]:
     """Per stage, the transport's buffers for its links (module doc): each link's bytes per unit
-    times the units its two ends hold, charged to both ends."""
+    times the units its two ends hold, charged to both ends. ``chunked``: the stages are a chunked
+    plan's, whose values go along the chain of chunks (``shared.plan.crossing_values``)."""
     owner = {layer: s for s, layers in enumerate(stages) for layer in layers}
     nodes = {n.id: n for n in graph.nodes}
-    links: dict[tuple[int, int], set[str]] = {}
-    for e in graph.edges:
-        a, b = owner.get(e.source), owner.get(e.target)
-        if a is not None and b is not None and a != b and e.source in nodes:
-            links.setdefault((a, b), set()).add(e.source)
     out = [0.0] * len(stages)
-    for (a, b), values in links.items():
-        buffers = sum(nodes[v].activation_bytes for v in values) * (held[a] + held[b])
+    for (a, b), values in crossing_values(graph, owner, chunked).items():
+        buffers = sum(nodes[v].activation_bytes for v in values if v in nodes) * (held[a] + held[b])
         out[a] += buffers
         out[b] += buffers
     return out
+
+
+def relayed_per_unit(graph: LayerGraph, stages: Sequence[Sequence[str]], s: int) -> float:
+    """Bytes of the values a chunk of a chunked plan relays per unit (``pdrun.partition``): received
+    from the chunk before and sent on, read by none of its layers. It keeps them, as every received
+    value, until the unit's backward."""
+    if s == 0:
+        return 0.0
+    owner = {layer: t for t, layers in enumerate(stages) for layer in layers}
+    nodes = {n.id: n for n in graph.nodes}
+    read = {e.source for e in graph.edges if owner.get(e.target) == s}
+    passing = crossing_values(graph, owner, True).get((s - 1, s), set()) - read
+    return float(sum(nodes[v].activation_bytes for v in passing if v in nodes))
 
 
 def received_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
@@ -354,7 +365,9 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
         )
         for w in range(workers)
     ]
-    messages = message_bytes(graph, [stage.layers for stage in plan.stages], held)
+    layers = [stage.layers for stage in plan.stages]
+    chunked = plan.virtual_stages > 1
+    messages = message_bytes(graph, layers, held, chunked)
     out = []
     for s, stage in enumerate(plan.stages):
         p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
@@ -370,6 +383,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
             saved_per_unit(graph, stage.layers)
             + received_per_unit(graph, stage.layers)
             + sent_per_unit(graph, stage.layers)
+            + (relayed_per_unit(graph, layers, s) if chunked else 0.0)
         )
         extra = (per_worker[s] if s < workers else 0.0) + (loss if s == len(plan.stages) - 1 else 0.0)
         out.append(

@@ -23,7 +23,7 @@ from pdplan.build import PlanConfig, make_plan, over_memory, with_memory
 from pdplan.costs import allreduce_s, data_parallel_time
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
-from shared.plan import Level, Plan, StagePrediction, chunk_skip, skip_words
+from shared.plan import Level, Plan, StagePrediction
 from shared.schedule import VSHAPED, chunk_owner, chunk_virtual, make_pipeline, pipeline
 from shared.schedule_more import two_bw_depth
 
@@ -108,14 +108,6 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             "lower --virtual-stages or --workers"
         ) from None
     plan = interleave(graph, chunks, config.levels(), v, m, config.straight, schedule=name)
-    skip = chunk_skip(plan, graph)
-    if skip is not None:  # pdrun would refuse it: say so here, before a plan is written
-        raise PlanError(
-            f"graph: no plan fits: no split into {v} x {n} chunks tried keeps every value within the next "
-            f"chunk; in the DP's, {skip_words(skip)}; "
-            f"--schedule auto --virtual-stages {v} searches the splits whose chunks form a chain, or try "
-            "other --workers" + (" / --virtual-stages" if name != "zb-v" else "")
-        )
     _check_schedule(plan)
     if config.memory is not None:
         over = over_memory(plan, config.memory)

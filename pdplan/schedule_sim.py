@@ -23,8 +23,9 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
 - all-reduce among replicas: PipeDream's ``4 (r-1) p / (B r)`` (``costs.allreduce_s``) at the
   bandwidth its ranks span;
 - a message between stages a and b: the bytes of the values a sends b (each value once, as
-  pdrun sends a skip connection straight to its consumer) over the bandwidth the two stages'
-  ranks span, plus that level's ``latency_s`` (``pdplan --latency``), in both directions
+  pdrun sends a skip connection straight to its consumer; in a chunked plan a value read several
+  chunks later is relayed, and its bytes count on every hop, ``shared.plan.crossing_values``)
+  over the bandwidth the two stages' ranks span, plus that level's ``latency_s`` (``pdplan --latency``), in both directions
   (activations forward, gradients back). With the plan's ``cluster.blocking_sends`` a send
   also keeps its sender busy that long, as when pdrun's CPU workers post their own sends
   (no core to spare for a send thread) or the benchmarks emulate a slow link.
@@ -38,13 +39,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pdplan.costs import allreduce_s, span_bandwidth
 from shared.graph import LayerGraph, Node
-from shared.plan import Level, Plan
+from shared.plan import Level, Plan, crossing_values
 from shared.schedule import SPLIT_BACKWARD, Program, build_program, chunk_owner
 from shared.simulate import Costs, simulate
 
@@ -116,13 +116,8 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
     overhead = _extra_ms(graph, "update_overhead_ms") / 1000
     step = [u + overhead if u > 0 else 0.0 for u in update]
 
-    # Bytes from stage a to stage b: each value once per consumer stage. A model input read by a
-    # later stage comes from that stage's own batch, as in pdrun, not over the wire.
-    sent: dict[tuple[int, int], set[str]] = defaultdict(set)
-    for edge in graph.edges:
-        a, b = owner.get(edge.source), owner.get(edge.target)
-        if a is not None and b is not None and a < b and nodes[edge.source].op != "input":
-            sent[(a, b)].add(edge.source)
+    # Bytes from stage a to stage b, as pdrun sends them (a chunked plan relays a value along its chain).
+    sent = crossing_values(graph, owner, plan.virtual_stages > 1)
     # A stage boundary's own cost (pdprof.cut): the earlier stage's backward is a call of its own,
     # started from a gradient that arrived, and the later stage's forward starts from a leaf.
     for s in {a for a, _ in sent}:

@@ -4,6 +4,15 @@ A stage owns the layers the plan gives it. A value (a layer's output) crosses fr
 stage that computes it straight to every later stage that reads it, so a skip connection
 from stage 0 to stage 2 is one edge 0 -> 2, not a relay through stage 1. The model's
 output is read by the last stage, which computes the loss.
+
+Chunked schedules (interleaved-1f1b, zb-v) run a chain of chunks: each chunk receives from the
+one before it and sends to the one after (``shared.plan.chunk_route``). A value read several
+chunks later, a residual stream or a Hugging Face model's attention mask read by every block,
+is relayed: every chunk in between receives it and sends it on unchanged (its stage module
+returns the received value as one of its outputs), and its gradient comes back the same way,
+added at each relaying chunk to what that chunk's own layers give the value (nothing: the
+chunk passes it through). Megatron-LM and torch.distributed.pipelining leave such values to
+the user's model code; here the traced graph says which they are.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.errors import PlanError
-from shared.plan import Plan
+from shared.plan import Plan, chunk_route
 from shared.tracer import TracedModel
 
 
@@ -73,6 +82,12 @@ def partition(traced: TracedModel, plan: Plan, source: str = "plan") -> Partitio
         )
     sends: dict[tuple[int, int], list[str]] = {}
     last = len(plan.stages) - 1
+
+    def cross(value: str, a: int, b: int) -> None:
+        for hop in chunk_route(plan.virtual_stages > 1, a, b):  # (a, b), or a chunked plan's hops
+            if value not in sends.setdefault(hop, []):
+                sends[hop].append(value)
+
     for layer in traced.layers:
         b = owner[layer.name]
         for src in layer.inputs:
@@ -82,12 +97,12 @@ def partition(traced: TracedModel, plan: Plan, source: str = "plan") -> Partitio
                     f"{source}: stages[{b}]: not convex: layer {layer.name!r} (stage {b}) reads "
                     f"{src!r} from the later stage {a}; stages must follow the data flow"
                 )
-            if a < b and src not in sends.setdefault((a, b), []):
-                sends[(a, b)].append(src)
+            if a < b:
+                cross(src, a, b)
     for out in traced.outputs:
         a = owner[out]
-        if a < last and out not in sends.setdefault((a, last), []):
-            sends[(a, last)].append(out)
+        if a < last:
+            cross(out, a, last)
     order = {n: i for i, n in enumerate(names)}
     per_stage = tuple(tuple(n for n in names if owner[n] == s) for s in range(len(plan.stages)))
     for s, layers in enumerate(per_stage):

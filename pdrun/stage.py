@@ -37,7 +37,7 @@ class StageModule:
     module: fx.GraphModule
     batch_inputs: tuple[str, ...]  # model inputs read from the batch, in the model's order
     received: tuple[str, ...]  # values received from earlier stages, in producer then topological order
-    sent: tuple[str, ...]  # values some later stage reads, topological order
+    sent: tuple[str, ...]  # values later stages read: its own in topological order, then those it relays
     has_output: bool  # the last stage: also returns the model's output
 
     def run(self, batch_inputs: tuple[Any, ...], received: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -71,6 +71,7 @@ def build_stage(
     received = tuple(name for _, names in part.receives(stage) for name in names)
     for name in received:
         env[name] = graph.placeholder(f"recv_{name}")
+    relayed = {name: env[name] for name in received}  # as received: what a relay sends on (pdrun.partition)
     for name in received:
         if name in written:
             env[name] = graph.call_function(writable, (env[name],))
@@ -85,16 +86,21 @@ def build_stage(
     for name in part.layers[stage]:
         if name not in env:
             env[name] = graph.node_copy(nodes[name], arg)
-    sent = tuple(n for n in part.layers[stage] if any(n in names for _, names in part.consumers(stage)))
+    onward = {n for _, names in part.consumers(stage) for n in names}
+    # Its own values first, in layer order, then the values it relays for later chunks.
+    sent = (
+        *(n for n in part.layers[stage] if n in onward),
+        *(n for n in received if n in onward and n not in owned),
+    )
     has_output = stage == part.last
     output: Any = None
     if has_output:
         out_node = next(n for n in traced.module.graph.nodes if n.op == "output")
         output = fx.map_arg(out_node.args[0], lambda n: env[n.name])
-    graph.output((tuple(env[n] for n in sent), output))
+    graph.output((tuple(relayed[n] if n not in owned else env[n] for n in sent), output))
     graph.lint()
     module = fx.GraphModule(traced.module, graph, f"{type(traced.module).__name__}Stage{stage}")
-    assert owned >= set(sent)
+    assert owned | set(received) >= set(sent)
     return StageModule(stage, module, batch_inputs, received, sent, has_output)
 
 

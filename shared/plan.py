@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
@@ -401,12 +402,6 @@ def check_against_graph(
                 f"{source}: stages[{b}]: not convex: layer {edge.target!r} (stage {b}) feeds from "
                 f"{edge.source!r} in the later stage {a}; stages must follow the data flow"
             )
-    skip = chunk_skip(plan, graph)
-    if skip is not None:
-        raise PlanError(
-            f"{source}: stages[{skip[0]}]: {skip_words(skip)}; cut where only a chunk's output crosses "
-            f"(pdplan --schedule auto --virtual-stages {plan.virtual_stages} keeps only such splits)"
-        )
     if plan.batch_size != graph.batch_size:
         raise PlanError(
             f"{source}: batch_size: {plan.batch_size}, but the graph was profiled at {graph.batch_size} "
@@ -422,29 +417,29 @@ def check_against_graph(
         )
 
 
-def chunk_skip(plan: Plan, graph: LayerGraph) -> tuple[int, int, str, str] | None:
-    """Under interleaved-1f1b, the first value that skips a chunk: (its stage, the stage that reads it,
-    the layer making it, the layer reading it); None when every value goes to the next chunk, or the
-    plan runs one chunk a worker. pdrun's interleaved lowering passes values along the chain of chunks
-    only (``pdrun.shape.chunk_chain``); a model input is read from each stage's own batch."""
-    if plan.virtual_stages <= 1:
-        return None
-    owner = plan.stage_of()
+def chunk_route(chunked: bool, a: int, b: int) -> list[tuple[int, int]]:
+    """The stage edges a value made at stage ``a`` and read at stage ``b`` crosses: ``(a, b)`` itself, or
+    in a chunked plan (``virtual_stages`` > 1: interleaved-1f1b and zb-v run a chain of chunks) every hop
+    from ``a`` to ``b``, the chunks in between relaying it (``pdrun.partition``)."""
+    return [(s, s + 1) for s in range(a, b)] if chunked else [(a, b)]
+
+
+def crossing_values(
+    graph: LayerGraph, owner: Mapping[str, int], chunked: bool
+) -> dict[tuple[int, int], set[str]]:
+    """Per stage edge, the layers whose outputs cross it every unit, as pdrun sends them: each value
+    once per edge, straight to each later stage that reads it, or in a chunked plan along
+    :func:`chunk_route`. A model input read by a later stage comes from that stage's own batch, not
+    over the wire. ``owner`` maps layers to stages (layers it lacks are left out)."""
     inputs = {n.id for n in graph.nodes if n.op == "input"}
+    out: dict[tuple[int, int], set[str]] = {}
     for edge in graph.edges:
         a, b = owner.get(edge.source), owner.get(edge.target)
-        if a is not None and b is not None and b > a + 1 and edge.source not in inputs:
-            return a, b, edge.source, edge.target
-    return None
-
-
-def skip_words(skip: tuple[int, int, str, str]) -> str:
-    """:func:`chunk_skip`'s finding in words."""
-    a, b, made, read = skip
-    return (
-        f"layer {made!r} (stage {a}) feeds {read!r} in stage {b}, but interleaved-1f1b sends values only "
-        "to the next chunk"
-    )
+        if a is None or b is None or a >= b or edge.source in inputs:
+            continue
+        for hop in chunk_route(chunked, a, b):
+            out.setdefault(hop, set()).add(edge.source)
+    return out
 
 
 def stage_graph(plan: Plan, graph: LayerGraph) -> nx.DiGraph:

@@ -17,14 +17,23 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
+from pdplan.cli import main as pdplan_main
 from pdprof.cli import main as pdprof_main
 from pdrun.partition import partition
 from pdrun.stage import build_stage
 from shared.errors import SpecError, TraceError
+from shared.plan import load_plan
 from shared.resolve import causal_lm, resolve_dataset, resolve_model
 from shared.spec import ExampleInput, TraceOptions
 from shared.tracer import trace
-from tests.pipeline_helpers import assert_1f1b_loss_falls, assert_pipeline_equals_one_worker, profile_and_plan
+from tests.pipeline_helpers import (
+    assert_1f1b_loss_falls,
+    assert_pipeline_equals_one_worker,
+    one_worker,
+    params,
+    profile_and_plan,
+    run,
+)
 
 transformers = pytest.importorskip("transformers")  # the dev install has it (setup.cfg: dev, hf)
 
@@ -323,3 +332,48 @@ def test_token_ids_past_the_vocabulary_are_named_before_the_model_runs() -> None
     )
     assert res.exit_code == 2, res.output
     assert "input_ids go up to" in res.output and "vocabulary has 50 tokens (config.vocab_size)" in res.output
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-v"])
+def test_gpt2_runs_the_chunked_schedules_its_causal_mask_relayed(tmp_path: Path, schedule: str) -> None:
+    # transformers' GPT-2 builds one causal mask that every block reads: on 2 x 2 chunks it goes from the
+    # first chunk to blocks in the third and fourth, so pdplan refused both chunked schedules until
+    # pdrun relayed such values along the chain of chunks. Planned from the CLI, the relay is in the
+    # partition, and the run ends with one worker's parameters (float64, 1e-6), the tie included.
+    graph, plan_path = tmp_path / "graph.json", tmp_path / "plan.json"
+    flags = [
+        "--model",
+        "zoo:hf_gpt2",
+        "--data",
+        "zoo:pydoc_tokens",
+        "--loss",
+        "causal_lm",
+        "--batch-size",
+        "4",
+    ]
+    flags += ["--warmup", "0", "--repeats", "1", "--concurrent", "1", "-o", str(graph)]
+    res = CliRunner().invoke(pdprof_main, flags)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(graph.read_text())
+    for node in doc["nodes"]:  # the blocks alone cost, so each chunk holds one of the four
+        node["forward_ms"] = node["backward_ms"] = 1.0 if node["id"].endswith("attn_c_attn") else 0.0
+    graph.write_text(json.dumps(doc))
+    args = [str(graph), "--workers", "2", "--bandwidth", "1e9", "--straight", "--schedule", schedule]
+    res = CliRunner().invoke(pdplan_main, [*args, "--microbatches", "4", "-o", str(plan_path)])
+    assert res.exit_code == 0, res.output
+    plan = load_plan(plan_path)
+    assert plan.virtual_stages == 2 and len(plan.stages) == 4
+    part = partition(trace(resolve_model(plan.spec.model or "", plan.spec.model_args), plan.spec.trace), plan)
+    assert all(b == a + 1 for a, b in part.sends)
+    relayed = {n for (a, b), names in part.sends.items() for n in names if part.owner[n] < a}
+    assert relayed, part.sends  # the mask, at least, passes through a chunk that does not make it
+    piped = run(plan, steps=3, dtype="float64", lr=0.05, momentum=0.9)
+    flat = one_worker(plan).model_copy(update={"schedule": "1f1b-flush", "virtual_stages": 1})
+    single = run(flat, steps=3, dtype="float64", lr=0.05, momentum=0.9)
+    got, want = params(piped), params(single)
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert (got[name] - value).abs().max().item() <= 1e-6, name
+    losses = [row["loss"] for r in single for row in r.rows]
+    assert losses[-1] < losses[0]

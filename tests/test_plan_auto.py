@@ -5,7 +5,7 @@ the reduced DAG (every convex split into stages), every split of the workers amo
 consecutive ranks, every schedule (1f1b, 1f1b-flush, gpipe, zb-h1, 2bw) and every M of the
 search's range that the schedule accepts, and every split into V x N chunks of
 interleaved-1f1b (chunk c of worker stage w on its r replicas' ranks, for every r dividing
-N that leaves two worker stages or more) whose values go only to the next chunk, and at V = 2
+N that leaves two worker stages or more) whose chunks form a chain (values relayed), and at V = 2
 the same splits placed in a V under zb-v (chunk 1 of worker stage w at stages[2S - 1 - w]),
 each simulated with no pruning; the best that fits memory (a worker's chunks together
 under interleaved-1f1b) must be what the search chose.
@@ -28,7 +28,7 @@ from pdplan.problem import prepare
 from pdplan.schedule_sim import simulate_plan
 from shared.errors import PlanError
 from shared.graph import Edge, LayerGraph, Node
-from shared.plan import check_against_graph
+from shared.plan import check_against_graph, crossing_values
 from shared.schedule import ScheduleError, make_pipeline
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -110,13 +110,8 @@ def _exhaustive(graph, config):
         if workers < 2:
             continue
         owner = {layer: s for s, nodes in enumerate(stages) for v in nodes for layer in problem.layers_of(v)}
-        crossings = {
-            (owner[e.source], owner[e.target])
-            for e in graph.edges
-            if e.source in owner and e.target in owner and owner[e.source] != owner[e.target]
-        }
-        if crossings != {(s, s + 1) for s in range(k - 1)}:
-            continue  # a value skips a chunk (or a chunk feeds none): pdrun's interleaved runner refuses it
+        if set(crossing_values(graph, owner, True)) != {(s, s + 1) for s in range(k - 1)}:
+            continue  # a chunk feeds none after it: no chain (a value that skips chunks is relayed)
         for r in (1,) if config.straight else range(1, workers // 2 + 1):
             s_ = workers // r
             if workers % r or k % s_ or k // s_ not in VIRTUAL_STAGES:

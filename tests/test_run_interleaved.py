@@ -23,13 +23,15 @@ from pdrun.config import RunConfig
 from pdrun.interleaved import ALL_CHUNKS, virtual_instr
 from pdrun.launch import launch
 from pdrun.metrics import summary
+from pdrun.partition import partition
 from pdrun.plans import cut_plan
 from pdrun.timeline import chrome_trace
-from shared.errors import UserError
 from shared.plan import Plan, save_plan
+from shared.resolve import resolve_model
 from shared.schedule import make_pipeline, worker_program
 from shared.spec import RunSpec
 from shared.tables import RUN_METRICS, load_table
+from shared.tracer import trace
 from tests.test_run_flush import RESMLP, assert_same, pipeline_params, sequential
 
 DEEP = RESMLP.model_copy(update={"model_args": {"width": 32, "depth": 4}})
@@ -208,11 +210,19 @@ def test_an_interleaved_run_draws_the_progress_bar_and_its_validation(tmp_path: 
     assert "epoch 0: val loss" in done.stderr, done.stderr
 
 
-def test_interleaved_refuses_a_chunk_skip_before_training() -> None:
-    # A skip connection from chunk 1 to chunk 3 is no chain of chunks: one line, before any worker starts.
+@pytest.mark.timeout(120)
+def test_a_value_that_skips_chunks_is_relayed_and_training_equals_one_process() -> None:
+    # Cuts inside the residual blocks: a block's input goes from chunk 1 to its add in chunk 3, so
+    # chunk 2 relays it (and relays its gradient back); the run trains as one process does.
     plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4)
-    with pytest.raises(UserError, match=r"interleaved-1f1b sends values only to the next chunk.*\(1, 3\)"):
-        launch(plan, RunConfig(steps=2, validate=False))
+    part = partition(trace(resolve_model(RESMLP.model or "", RESMLP.model_args)), plan)
+    relayed = set(part.sends[(1, 2)]) & set(part.sends[(2, 3)])
+    assert relayed and not {a for a, b in part.sends if b > a + 1}
+    batch, steps, seed, lr = 8, 5, 6, 0.2
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None
+    assert_one_process(results, RESMLP, cfg, batch * 4, 1)
 
 
 @pytest.mark.timeout(180)

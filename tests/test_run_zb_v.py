@@ -17,10 +17,13 @@ import torch
 
 from pdrun.config import RunConfig
 from pdrun.launch import launch
+from pdrun.partition import partition
 from pdrun.plans import cut_plan
 from shared.plan import Plan, save_plan
+from shared.resolve import resolve_model
 from shared.schedule import chunk_owner
 from shared.spec import RunSpec
+from shared.tracer import trace
 from tests.test_run_flush import RESMLP
 from tests.test_run_interleaved import DEEPER, DEEPER_BLOCKS, assert_one_process, run_float64
 
@@ -78,6 +81,21 @@ def test_zb_v_equals_sequential(
         for v in got:
             assert v[0]["count"] == want_val[0]["count"] > 0 and v[0]["correct"] == want_val[0]["correct"]
             assert v[0]["loss_sum"] == pytest.approx(want_val[0]["loss_sum"], rel=1e-9)
+
+
+@pytest.mark.timeout(120)
+def test_zb_v_relays_a_value_that_skips_chunks_and_equals_sequential() -> None:
+    # Chunks [x .. relu] [fc1, act] [fc2] [add ..]: the residual (relu's output) goes from chunk 0 on rank 0
+    # to the add in chunk 3 on rank 0, relayed by chunk 1 (rank 1) and chunk 2 (rank 1, the V's turn);
+    # its gradient comes back the same way through the split backward (B sends it on, W has none).
+    batch, steps, seed, lr, m = 8, 5, 6, 0.2, 4
+    plan = zb_v_plan([4, 6, 7], 2, batch, m)
+    part = partition(trace(resolve_model(RESMLP.model or "", RESMLP.model_args)), plan)
+    assert "relu" in part.sends[(1, 2)] and "relu" in part.sends[(2, 3)]
+    cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
+    results = launch(plan, cfg)
+    assert results is not None
+    assert_one_process(results, RESMLP, cfg, batch * m, 1)
 
 
 @pytest.mark.timeout(180)
