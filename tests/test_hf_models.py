@@ -342,18 +342,10 @@ def test_gpt2_runs_the_chunked_schedules_its_causal_mask_relayed(tmp_path: Path,
     # pdrun relayed such values along the chain of chunks. Planned from the CLI, the relay is in the
     # partition, and the run ends with one worker's parameters (float64, 1e-6), the tie included.
     graph, plan_path = tmp_path / "graph.json", tmp_path / "plan.json"
-    flags = [
-        "--model",
-        "zoo:hf_gpt2",
-        "--data",
-        "zoo:pydoc_tokens",
-        "--loss",
-        "causal_lm",
-        "--batch-size",
-        "4",
-    ]
-    flags += ["--warmup", "0", "--repeats", "1", "--concurrent", "1", "-o", str(graph)]
-    res = CliRunner().invoke(pdprof_main, flags)
+    flags = (
+        "--model zoo:hf_gpt2 --data zoo:pydoc_tokens --loss causal_lm --batch-size 4 --warmup 0 --repeats 1"
+    )
+    res = CliRunner().invoke(pdprof_main, [*flags.split(), "--concurrent", "1", "-o", str(graph)])
     assert res.exit_code == 0, res.output
     doc = json.loads(graph.read_text())
     for node in doc["nodes"]:  # the blocks alone cost, so each chunk holds one of the four
