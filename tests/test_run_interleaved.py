@@ -211,10 +211,12 @@ def test_an_interleaved_run_draws_the_progress_bar_and_its_validation(tmp_path: 
 
 
 @pytest.mark.timeout(120)
-def test_a_value_that_skips_chunks_is_relayed_and_training_equals_one_process() -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_value_that_skips_chunks_is_relayed_and_training_equals_one_process(replicas: int) -> None:
     # Cuts inside the residual blocks: a block's input goes from chunk 1 to its add in chunk 3, so
-    # chunk 2 relays it (and relays its gradient back); the run trains as one process does.
-    plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4)
+    # chunk 2 relays it (and relays its gradient back); the run trains as one process does, every
+    # replica of the chunks relaying its own units.
+    plan = interleaved_plan([2, 4, 6, 8, 10], 2, 3, 8, 4, replicas=replicas)
     part = partition(trace(resolve_model(RESMLP.model or "", RESMLP.model_args)), plan)
     relayed = set(part.sends[(1, 2)]) & set(part.sends[(2, 3)])
     assert relayed and not {a for a, b in part.sends if b > a + 1}
@@ -222,7 +224,7 @@ def test_a_value_that_skips_chunks_is_relayed_and_training_equals_one_process() 
     cfg = RunConfig(steps=steps, seed=seed, dtype="float64", lr=lr, momentum=0.9, record=True, validate=False)
     results = launch(plan, cfg)
     assert results is not None
-    assert_one_process(results, RESMLP, cfg, batch * 4, 1)
+    assert_one_process(results, RESMLP, cfg, batch * 4, replicas)
 
 
 @pytest.mark.timeout(180)
