@@ -154,17 +154,20 @@ def message_bytes(
     return out
 
 
-def relayed_per_unit(graph: LayerGraph, stages: Sequence[Sequence[str]], s: int) -> float:
-    """Bytes of the values a chunk of a chunked plan relays per unit (``pdrun.partition``): received
-    from the chunk before and sent on, read by none of its layers. It keeps them, as every received
-    value, until the unit's backward."""
-    if s == 0:
-        return 0.0
-    owner = {layer: t for t, layers in enumerate(stages) for layer in layers}
+def relayed_bytes(graph: LayerGraph, stages: Sequence[Sequence[str]]) -> list[float]:
+    """Per chunk of a chunked plan, the bytes of the values it relays per unit (``pdrun.partition``):
+    received from the chunk before and sent on, read by none of its layers. It keeps them, as every
+    received value, until the unit's backward."""
+    owner = {layer: s for s, layers in enumerate(stages) for layer in layers}
     nodes = {n.id: n for n in graph.nodes}
-    read = {e.source for e in graph.edges if owner.get(e.target) == s}
-    passing = crossing_values(graph, owner, True).get((s - 1, s), set()) - read
-    return float(sum(nodes[v].activation_bytes for v in passing if v in nodes))
+    read: list[set[str]] = [set() for _ in stages]
+    for e in graph.edges:
+        if e.target in owner:
+            read[owner[e.target]].add(e.source)
+    out = [0.0] * len(stages)
+    for (_, b), values in crossing_values(graph, owner, True).items():  # hops (b - 1, b) only
+        out[b] += sum(nodes[v].activation_bytes for v in values - read[b] if v in nodes)
+    return out
 
 
 def received_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
@@ -368,6 +371,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     layers = [stage.layers for stage in plan.stages]
     chunked = plan.virtual_stages > 1
     messages = message_bytes(graph, layers, held, chunked)
+    relayed = relayed_bytes(graph, layers) if chunked else [0.0] * len(layers)
     out = []
     for s, stage in enumerate(plan.stages):
         p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
@@ -383,7 +387,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
             saved_per_unit(graph, stage.layers)
             + received_per_unit(graph, stage.layers)
             + sent_per_unit(graph, stage.layers)
-            + (relayed_per_unit(graph, layers, s) if chunked else 0.0)
+            + relayed[s]
         )
         extra = (per_worker[s] if s < workers else 0.0) + (loss if s == len(plan.stages) - 1 else 0.0)
         out.append(

@@ -25,8 +25,8 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
 - a message between stages a and b: the bytes of the values a sends b (each value once, as
   pdrun sends a skip connection straight to its consumer; in a chunked plan a value read several
   chunks later is relayed, and its bytes count on every hop, ``shared.plan.crossing_values``)
-  over the bandwidth the two stages' ranks span, plus that level's ``latency_s`` (``pdplan --latency``), in both directions
-  (activations forward, gradients back). With the plan's ``cluster.blocking_sends`` a send
+  over the bandwidth the two stages' ranks span, plus that level's ``latency_s`` (``pdplan
+  --latency``), in both directions (activations forward, gradients back). With the plan's ``cluster.blocking_sends`` a send
   also keeps its sender busy that long, as when pdrun's CPU workers post their own sends
   (no core to spare for a send thread) or the benchmarks emulate a slow link.
 

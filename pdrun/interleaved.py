@@ -287,7 +287,7 @@ def train_interleaved(
     last = len(plan.stages) - 1
     progress = Progress(cfg, plan.chunk_worker(last) == s and replica == 0, segs.steps)
     groups = replica_groups(plan)  # every chunk's, on every rank, before any chunk is built
-    taken: set[int] = set()  # the parameters of the chunks built so far (build_worker.own_copies)
+    taken: set[int] = set()  # the parameters the chunks built so far step (build_worker: one optimizer each)
     chunks = [
         build_worker(
             env,

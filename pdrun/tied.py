@@ -119,25 +119,16 @@ class TiedGradients:
             offset = 0
             for copies in ties:
                 n = copies[0].numel()
-                mine = _distinct(copies)
-                for p in mine:
+                for p in copies:
                     g = summed[offset : offset + n].view_as(p).to(p.device)
-                    p.grad = g if len(mine) == 1 else g.clone()  # a rank's copies keep grads of their own
+                    p.grad = g if len(copies) == 1 else g.clone()  # a rank's copies keep grads of their own
                 offset += n
 
 
 def _local_sum(copies: list[nn.Parameter]) -> torch.Tensor:
-    """The gradient of a tie's copies on this rank: the one copy's as it is, or several added up.
-
-    Two chunks of a rank built from one traced model may hold one tensor (``pdrun.build_worker``:
-    its gradient already has both chunks' parts), which counts once."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in _distinct(copies)]
+    """The gradient of a tie's copies on this rank: the one copy's as it is, or several added up."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]
     return grads[0] if len(grads) == 1 else torch.stack(grads).sum(0)
-
-
-def _distinct(copies: list[nn.Parameter]) -> list[nn.Parameter]:
-    """``copies`` without repeats of one tensor, in order."""
-    return list({id(p): p for p in copies}.values())  # dicts keep the first insertion's order
 
 
 def tied_gradients(
@@ -163,7 +154,10 @@ def tied_gradients(
         copies = []
         for tie in group_ties:
             names = dict(tie.names)
-            copies.append([live[s][next(n for n in names[s] if n in live[s])] for s in here])
+            held_by = [live[s][next(n for n in names[s] if n in live[s])] for s in here]
+            # Two chunks of a rank built from one traced model may hold one tensor (pdrun.build_worker):
+            # its gradient already has both chunks' parts, so it is one copy, once.
+            copies.append(list({id(p): p for p in held_by}.values()))
         bucket = (sum(c[0].numel() for c in copies), copies[0][0].dtype)
         total = comm.tie_sum("tie-" + "-".join(map(str, stages)), ranks, group, [bucket])
         mine.append((total, 1.0 / plan.stages[here[0]].replicas, copies))

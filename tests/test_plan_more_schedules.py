@@ -158,7 +158,7 @@ def test_a_value_that_skips_chunks_is_relayed_and_costed_on_every_hop(tmp_path: 
     Hugging Face model's attention mask is read by every block): a graph that every split makes skip
     is planned, each hop between its maker's chunk and its reader's carries its bytes in the
     simulation's costs and in the relaying chunks' memory, and pdplan validate accepts the plan."""
-    from pdplan.memory import relayed_per_unit
+    from pdplan.memory import relayed_bytes
     from pdplan.schedule_sim import stage_costs
     from shared.graph import Edge
 
@@ -186,8 +186,9 @@ def test_a_value_that_skips_chunks_is_relayed_and_costed_on_every_hop(tmp_path: 
             mask / 1e9, rel=1e-6
         )
     layers = [st.layers for st in plan.stages]
-    relays = [s for s in range(len(plan.stages)) if relayed_per_unit(g, layers, s) > 0]
-    assert relays == list(range(first + 1, last)) and relayed_per_unit(g, layers, relays[0]) == mask
+    relayed = relayed_bytes(g, layers)
+    relays = [s for s, held in enumerate(relayed) if held > 0]
+    assert relays == list(range(first + 1, last)) and relayed[relays[0]] == mask
     res = CliRunner().invoke(
         main, ["validate", str(tmp_path / "p.json"), "--graph", str(tmp_path / "g.json")]
     )

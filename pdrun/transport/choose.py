@@ -6,8 +6,9 @@ meet over gloo. Ranks of one node pass their messages through shared memory
 (``pdrun/transport/shm.py``) when both ends can: ``--transport auto``, the CPU, an x86 host
 with ``/dev/shm``, no emulated slow link. A replicated stage sums its gradients through
 shared memory (``shm_sum.py``) when every replica's messages to the others would; else
-through gloo's all-reduce. The stages that hold a tied parameter sum its gradient the same way. Every rank decides every pair from the same gathered table, so
-both ends of a pair, and all replicas of a stage, agree.
+through gloo's all-reduce. The stages that hold a tied parameter sum its gradient the same way.
+Every rank decides every pair from the same gathered table, so both ends of a pair, and all
+replicas of a stage, agree.
 """
 
 from __future__ import annotations
