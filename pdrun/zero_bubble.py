@@ -6,7 +6,7 @@ waits for) and with respect to its parameters (W, which nothing waits on but the
 step). B differentiates the unit's roots (its loss, or its outputs with the gradients that
 came back) with respect to the received values only, keeping the autograd graph
 (``retain_graph=True``) and the gradients at the nodes where the weights' paths leave the
-inputs'; W starts from those (``pdrun/weight_pass.py``), so it does not redo B's work. The flushing step that follows sees exactly the gradients
+inputs'; W starts from those (``shared.weight_pass``), so it does not redo B's work. The flushing step that follows sees exactly the gradients
 one whole backward would have accumulated.
 
 The worker (``pdrun.worker.Worker``) dispatches BACKWARD and WEIGHT here when its schedule
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from pdrun.values import grad_leaves, grad_specs
-from pdrun.weight_pass import WeightPass, backward_input, backward_weight
 from shared.schedule import Instr, Kind
+from shared.weight_pass import WeightPass, backward_input, backward_weight
 
 if TYPE_CHECKING:
     from pdrun.worker import Worker
 
 
 class SplitBackward:
-    """B and W of one worker: what a unit's B found for its W (``pdrun.weight_pass``), kept until then."""
+    """B and W of one worker: what a unit's B found for its W (``shared.weight_pass``), kept until then."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker

@@ -1,4 +1,4 @@
-"""pdrun.weight_pass: B then W give exactly one backward's gradients, and W does not redo B's work.
+"""shared.weight_pass: B then W give exactly one backward's gradients, and W does not redo B's work.
 
 Each case builds a small graph in float64 the way a stage does (received values as leaves that
 require grad, the weights as leaves), runs the split backward and compares every gradient with
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pdrun.weight_pass import backward_input, backward_weight
+from shared.weight_pass import backward_input, backward_weight
 
 Case = Callable[[torch.Tensor, dict[str, torch.Tensor]], list[torch.Tensor]]
 
