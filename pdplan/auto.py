@@ -48,7 +48,7 @@ from pdplan.costs import allreduce_s, span_bandwidth
 from pdplan.memory import held_units
 from pdplan.more_schedules import interleave, two_bw_least
 from pdplan.problem import Problem, prepare_layers
-from pdplan.schedule_sim import as_run, simulate_plan, stage_costs
+from pdplan.schedule_sim import as_run, backward_shares, simulate_plan, stage_costs
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Alternative, Plan
@@ -200,6 +200,7 @@ class _Search:
 
     def run(self, parts: Sequence[Partition], choices: Sequence[tuple[str, int]] | None = None) -> None:
         graph, config = self.graph, self.config
+        shares = backward_shares(graph)
         pending: list[tuple[float, int, Plan, Partition, bool]] = []
         for part in parts:
             key = (tuple(map(tuple, part.stage_nodes)), tuple(map(tuple, part.ranks)), part.chunks)
@@ -244,7 +245,7 @@ class _Search:
                     if over_memory(plan, limit) is not None:
                         self._note_lean(plan)
                         continue
-                bound = lower_bound(plan, as_run(plan, costs), edges)
+                bound = lower_bound(plan, as_run(plan, costs, shares), edges)
                 pending.append((bound, self.order, plan, part, limit is None and plan is not base))
                 self.order += 1
         pending.sort(key=lambda c: (c[0], c[1]))

@@ -48,6 +48,10 @@ from shared.plan import Level, Plan, crossing_values
 from shared.schedule import SPLIT_BACKWARD, Program, build_program, chunk_owner
 from shared.simulate import Costs, simulate
 
+# Qi et al. (ICLR'24, section 2) take the input-gradient and weight-gradient passes as about equal
+# (T_B = T_W) for transformer layers: zero bubble's split where nothing was measured.
+HALVES = (0.5, 0.5)
+
 # Units simulated: enough steps that the quartile window of shared.simulate is steady state.
 # A flushing schedule's steps repeat exactly (each drains), so 4 steps give the per-unit time of
 # 16 to 1e-14 (PipeDream's AlexNet, VGG16, ResNet-18, GNMT, SqueezeNet on 2 to 8 workers; tests/
@@ -269,15 +273,17 @@ def schedule_costs(
             backward=[b * k for b, k in zip(costs.backward, scale, strict=True)],
             step=[u * k for u, k in zip(costs.step, scale, strict=True)],
         )
-    return as_run(plan, costs), None if plan.virtual_stages > 1 else edges  # chunked: the chain of chunks
+    return as_run(
+        plan, costs, backward_shares(graph)
+    ), None if plan.virtual_stages > 1 else edges  # chunked: the chain of chunks
 
 
-def as_run(plan: Plan, costs: Costs) -> Costs:
+def as_run(plan: Plan, costs: Costs, shares: tuple[float, float] = HALVES) -> Costs:
     """``stage_costs``' ``costs`` as ``plan``'s schedule runs them: per chunk (interleaved-1f1b, zb-v), and
-    B split from W (zb-h1, zb-v)."""
+    B split from W (zb-h1, zb-v) by ``shares`` (:func:`backward_shares`)."""
     if plan.virtual_stages > 1:
         costs = chunked_costs(costs, plan.virtual_stages, plan.vshape)
-    return split_backward(costs) if plan.schedule in SPLIT_BACKWARD else costs
+    return split_backward(costs, shares) if plan.schedule in SPLIT_BACKWARD else costs
 
 
 def chunked_costs(costs: Costs, chunks: int, vshape: bool = False) -> Costs:
@@ -322,12 +328,26 @@ def chunked_costs(costs: Costs, chunks: int, vshape: bool = False) -> Costs:
     )
 
 
-def split_backward(costs: Costs) -> Costs:
-    """Half of each backward as B (input gradients), half as W (weight gradients): zero bubble's split.
+def backward_shares(graph: LayerGraph) -> tuple[float, float]:
+    """B's and W's shares of a stage's profiled backward (``pdprof.split_timing``): the graph's
+    measured ``backward_input_share`` and ``backward_weight_share``, or halves where it has none (an
+    imported PipeDream profile, a model without a cut)."""
+    measured = [graph.graph.get(k) for k in ("backward_input_share", "backward_weight_share")]
+    b, w = measured
+    if isinstance(b, int | float) and isinstance(w, int | float) and b > 0 and w > 0:
+        return float(b), float(w)
+    return HALVES
 
-    The profile times a layer's backward whole; Qi et al. (ICLR'24, section 2) take the
-    input-gradient and weight-gradient passes as about equal (T_B = T_W) for transformer
-    layers, and so does this simulation until pdprof times the two apart.
+
+def split_backward(costs: Costs, shares: tuple[float, float] = HALVES) -> Costs:
+    """Each backward as B (input gradients) and W (weight gradients): zero bubble's split.
+
+    B costs ``shares[0]`` of the profiled backward and W ``shares[1]`` (:func:`backward_shares`;
+    together often more than one backward). The model's first (virtual) stage received nothing that
+    needs a gradient: pdrun's B there computes nothing and its W the whole backward
+    (``shared.weight_pass``), so it is charged so.
     """
-    half = [b / 2 for b in costs.backward]
-    return replace(costs, backward=half, weight=half)
+    b_share, w_share = shares
+    b = [0.0 if v == 0 else x * b_share for v, x in enumerate(costs.backward)]
+    w = [x if v == 0 else x * w_share for v, x in enumerate(costs.backward)]
+    return replace(costs, backward=b, weight=w)

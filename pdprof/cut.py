@@ -57,7 +57,7 @@ def find_cut(module: fx.GraphModule) -> str | None:
     return str(nodes[best].name)
 
 
-class _CutInterpreter(fx.Interpreter):
+class CutInterpreter(fx.Interpreter):
     """Runs the graph; the value of node ``cut`` (if any) reaches its consumers as a fresh leaf."""
 
     def __init__(self, module: fx.GraphModule, cut: str | None) -> None:
@@ -88,7 +88,7 @@ def cut_step(
     With ``cut`` None the step is whole: the baseline the cut step is compared with, paying
     the same interpreter overhead. The gradients are those of the whole step either way.
     """
-    interp = _CutInterpreter(module, cut)
+    interp = CutInterpreter(module, cut)
     start = clock.mark()
     loss = loss_fn(interp.run(*inputs), target)
     mid = clock.mark()

@@ -39,6 +39,7 @@ from pdprof.inputs import check_target, check_vocabulary, model_call, prepare
 from pdprof.loss_memory import loss_rise
 from pdprof.siblings import siblings
 from pdprof.sizes import LayerSize, measure_sizes, shape_of
+from pdprof.split_timing import split_after_cut
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from pdprof.update import OptimizerName, UpdateTimer, describe
 from shared.batches import gather
@@ -237,6 +238,7 @@ def profile_model(
         overheads: list[float] = []
         loads: dict[str, list[float]] = {name: [] for name in FETCHES}
         cuts: list[tuple[float, float]] = []  # (forward, backward) ms: the step cut in two less whole
+        splits: list[tuple[float, float, float]] = []  # after the cut: (one backward, B, W) ms
         # The whole step: the user's model, which the layer sum is checked against; where the figures
         # are anchored to it (pdprof.calibrate), the traced graph itself, which pdrun's stages run (an
         # exported Hugging Face graph of aten ops runs slower than the model: GPT-2 4 x 64 at batch 8,
@@ -247,8 +249,11 @@ def profile_model(
             lambda: profiled_step(traced.module, inputs, target, loss_fn, clock),
             lambda: cut_step(traced.module, inputs, target, loss_fn, clock, None),
             lambda: cut_step(traced.module, inputs, target, loss_fn, clock, cut),
+            # The part after the cut as a stage: one backward, then B and W (pdprof.split_timing).
+            lambda: split_after_cut(traced.module, inputs, target, loss_fn, clock, str(cut), False),
+            lambda: split_after_cut(traced.module, inputs, target, loss_fn, clock, str(cut), True),
         ]
-        order = [0, 1, 2, 3] if cut is not None else [0, 1]
+        order = [0, 1, 2, 3, 4, 5] if cut is not None else [0, 1]
         for r in range(rounds):
             # Alternate the order, so that no kind of step always runs on a warmer cache.
             results: dict[int, Any] = {}
@@ -268,6 +273,7 @@ def profile_model(
                 if cut is not None:
                     (wf, wb), (cf, cb) = results[2], results[3]
                     cuts.append((cf - wf, cb - wb))
+                    splits.append((results[4][0], *results[5]))
             if load_batch is not None:
                 # Fetching a batch is host work: on the host's clock (a CPU profile's), not CUDA events,
                 # and in the warm-up rounds too, untimed, as a run's steady state is warm
@@ -289,7 +295,7 @@ def profile_model(
             steps,
             samples,
             (updates, overheads, loads, whole_updates),
-            (cut, cuts),
+            (cut, cuts, splits),
             inputs,
             config,
             device,
@@ -376,7 +382,8 @@ def _usable_cut(
         return None
     try:
         cut_step(traced.module, inputs, target, loss_fn, clock, cut)
-    except RuntimeError:
+        split_after_cut(traced.module, inputs, target, loss_fn, clock, cut, True)
+    except (RuntimeError, ValueError):
         # e.g. an in-place op on the cut's value, which a leaf that requires grad refuses
         return None
     return cut
@@ -411,13 +418,27 @@ def _clock_name(clock: Clock, device: torch.device, threads: int) -> str:
     return f"cpu perf_counter{wait}, {threads} thread(s)"
 
 
+def _split_shares(
+    splits: list[tuple[float, float, float]], fig: Callable[[list[float]], float]
+) -> dict[str, float | None]:
+    """``backward_input_share`` and ``backward_weight_share``: B's and W's figure over the fused
+    backward's (None without a cut, or where the backward took no measurable time)."""
+    fused = fig([f for f, _, _ in splits]) if splits else 0.0
+    if fused <= 0:
+        return {"backward_input_share": None, "backward_weight_share": None}
+    return {
+        "backward_input_share": fig([b for _, b, _ in splits]) / fused,
+        "backward_weight_share": fig([w for _, _, w in splits]) / fused,
+    }
+
+
 def _assemble(
     traced: TracedModel,
     sizes: dict[str, LayerSize],
     steps: list[float],
     samples: list[StepTimes],
     update_samples: tuple[list[dict[str, float]], list[float], dict[str, list[float]], list[float]],
-    cut_samples: tuple[str | None, list[tuple[float, float]]],
+    cut_samples: tuple[str | None, list[tuple[float, float]], list[tuple[float, float, float]]],
     inputs: tuple[Any, ...],
     config: ProfileConfig,
     device: torch.device,
@@ -431,7 +452,7 @@ def _assemble(
 
     rows: list[dict[str, Any]] = []
     updates, overheads, loads, whole_updates = update_samples
-    cut, cuts = cut_samples
+    cut, cuts, splits = cut_samples
     # A folded parameter's own node (its read, its gradient's accumulation) is charged to its first reader.
     first_reader: dict[str, str] = {}
     for layer in traced.layers:
@@ -523,6 +544,8 @@ def _assemble(
         "cut_at": cut,
         "cut_forward_ms": fig([f for f, _ in cuts]) if cut is not None else None,
         "cut_backward_ms": fig([b for _, b in cuts]) if cut is not None else None,
+        # Zero bubble's B and W of the part after the cut, over its one backward (pdprof.split_timing).
+        **_split_shares(splits, fig),
         "memory_format": "channels-last" if channels_last else "contiguous",
         "concurrent": config.concurrent,
         # The whole model's first training steps, one unit, gradients and no optimizer state:

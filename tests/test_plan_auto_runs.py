@@ -35,8 +35,8 @@ WIDE = DEEP.model_copy(update={"model_args": {"width": 64, "depth": 4}})
 
 
 def _profile(path: Path, spec: RunSpec, forward: float, backward: float, update: float) -> Path:
-    """``spec`` profiled, with every layer's times pinned (ms), no loss, data or step overhead, and
-    no process overhead in the memory model."""
+    """``spec`` profiled, with every layer's times pinned (ms), no loss, data or step overhead, zero
+    bubble's split as halves, and no process overhead in the memory model."""
     args = [
         "--model",
         spec.model or "",
@@ -62,6 +62,8 @@ def _profile(path: Path, spec: RunSpec, forward: float, backward: float, update:
     for key in doc["graph"]:
         if key.endswith("_ms"):
             doc["graph"][key] = 0.0
+    # Zero bubble's B and W as halves of a backward (Qi et al.'s T_B = T_W), not this host's figures.
+    doc["graph"]["backward_input_share"] = doc["graph"]["backward_weight_share"] = 0.5
     # The limits below choose among the schedules' own terms; the process overhead (4 MB here, far
     # above them) would be the same for every candidate.
     doc["graph"]["memory_rise_bytes"] = None

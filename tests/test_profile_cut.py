@@ -80,6 +80,10 @@ def test_the_profile_records_the_cut_and_what_it_cost() -> None:
     assert sum(result.table_meta["cut_ms"]) / 4 == pytest.approx(
         extras["cut_forward_ms"] + extras["cut_backward_ms"]
     )
+    # Zero bubble's B and W after the cut (pdprof.split_timing): each a real part of the backward, and
+    # together at least most of it (B alone carries every activation gradient).
+    b, w = extras["backward_input_share"], extras["backward_weight_share"]
+    assert 0.2 < b < 2 and 0.02 < w < 2 and b + w > 0.7
 
 
 def test_a_model_without_a_narrow_cut_records_none() -> None:
@@ -89,4 +93,5 @@ def test_a_model_without_a_narrow_cut_records_none() -> None:
     result = profile_model(model, (torch.randn(4, 8),), torch.randint(4, (4,)), CE, config)
     extras = result.graph.graph
     assert extras["cut_at"] is None and extras["cut_forward_ms"] is None and extras["cut_backward_ms"] is None
+    assert extras["backward_input_share"] is None and extras["backward_weight_share"] is None
     assert result.table_meta["cut_ms"] == []
