@@ -273,9 +273,8 @@ def schedule_costs(
             backward=[b * k for b, k in zip(costs.backward, scale, strict=True)],
             step=[u * k for u, k in zip(costs.step, scale, strict=True)],
         )
-    return as_run(
-        plan, costs, backward_shares(graph)
-    ), None if plan.virtual_stages > 1 else edges  # chunked: the chain of chunks
+    run = as_run(plan, costs, backward_shares(graph))
+    return run, None if plan.virtual_stages > 1 else edges  # chunked: the chain of chunks
 
 
 def as_run(plan: Plan, costs: Costs, shares: tuple[float, float] = HALVES) -> Costs:
