@@ -267,11 +267,7 @@ def test_bubble_table_simulates_each_schedule_on_its_own_split() -> None:
     zb = simulated(graph, two, "zb-h1", 4)
     zbv = simulated(graph, vee, "zb-v", 4)
     assert 0 < inter.bubble < flush.bubble and 0 <= zb.bubble < flush.bubble
-    # ZB-V's V beats the interleaved split; on 2 workers it ties ZB-H1 here (not the paper's half of
-    # its bubble), since the first chunk's backward is all W, as pdrun runs it (nothing it received
-    # needs a gradient; pdplan.schedule_sim.split_backward).
-    assert 0 <= zbv.bubble < inter.bubble
-    assert math.isclose(zbv.bubble, zb.bubble, abs_tol=1e-6)
+    assert 0 <= zbv.bubble < min(zb.bubble, inter.bubble)
     assert inter.time_per_minibatch_s < flush.time_per_minibatch_s
     for plan, schedule in ((two, "1f1b-flush"), (two, "zb-h1"), (chunked, "interleaved-1f1b"), (vee, "zb-v")):
         busy = ideal_busy_fraction(graph, plan, schedule, 4)

@@ -20,24 +20,49 @@ from shared.schedule import (
 )
 from shared.schedule_check import validate_program, validate_run
 from shared.schedule_grid import draw_grid
+from shared.schedule_more import zb_v_orders, zb_v_paper_order
 from shared.simulate import Costs, simulate
 
 # ZB-V on 4 workers, 8 microbatches, one step, f = b = w = 1 slot a chunk (``F3.1``: microbatch 3 on
-# chunk 1). Worker i holds virtual stages i and 7 - i. As in the paper's figure, worker i first
-# forwards 2 (4 - i) - 1 microbatches through chunk 0 (s0: F0..F6; s3: F0 alone), then chunk 1 and
-# chunk 0 in turn; s3 turns each unit round in its own process (F0 then F0.1); the W of a unit fills
-# the slots where neither its chunk's forward nor a backward is ready, and the drain ends in W.
+# chunk 1): the paper's ZB-V schedule (Qi et al., ICLR'24, section 6), as torch.distributed.pipelining's
+# ScheduleZBVZeroBubble orders it too (the test below). Worker i holds virtual stages i
+# and 7 - i. Worker i first forwards 2 (4 - i) - 1 microbatches through chunk 0 (s0: F0..F6; s3: F0
+# alone), then i through chunk 1 and chunk 0 in turn, then 4 - i through chunk 1 whole (F, B, W); s3
+# turns each unit round in its own process (F0 then F0.1). In the steady state each W follows its B
+# and no slot is idle; the cool-down puts W's off behind the B's that later workers wait on.
 # 51 slots for 48 of work a worker: a bubble of 3 / 51 (zb-h1: 27 slots for 24 of work half the size).
 ZB_V_4x8 = """\
-       0  1  2  3    4    5    6    7    8    9   10   11   12   13   14   15   16   17   18   19   20   21   22   23   24 25   26   27   28   29   30   31   32   33   34   35   36   37   38   39   40   41   42   43   44   45   46   47   48   49 50
-s0.r0 F0 F1 F2 F3   F4   F5   F6 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F2.1 B2.1 W2.1 F3.1 B3.1   B0 W3.1   F7   B1   W0 F4.1 B4.1 B2   W1 W4.1   B3   W2 F5.1 B5.1   W3 W5.1   B4 F6.1 B6.1   W4 W6.1   B5   W5 F7.1 B7.1   B6 W7.1   W6    .    .    .   B7 W7
-s1.r0  . F0 F1 F2   F3   F4 F0.1   F5 F1.1 B0.1 W0.1 F2.1 B1.1 W1.1 F3.1 B2.1   B0 W2.1   F6 B3.1   B1   W0 F4.1   B2 W3.1 F7 B4.1   B3   W1 F5.1   W2 W4.1 B5.1   B4 F6.1   W3 W5.1 B6.1   B5   W4 F7.1 W6.1   B6 B7.1   W5   W6 W7.1    .   B7   W7  .
-s2.r0  .  . F0 F1   F2 F0.1   F3 F1.1   F4 F2.1 B0.1 W0.1 F3.1 B1.1   B0 W1.1   F5 B2.1   B1   W0 F4.1 B3.1   B2 W2.1   F6 B3   W1 F5.1 B4.1 W3.1   F7   B4   W2 F6.1 B5.1   W3 W4.1   B5 B6.1 F7.1   W4   B6 W5.1   W5 B7.1 W6.1   W6   B7 W7.1   W7  .
-s3.r0  .  .  . F0 F0.1   F1 F1.1   F2 F2.1   F3 F3.1 B0.1   B0 W0.1   F4 B1.1   B1   W0 F4.1 B2.1   B2 W1.1   F5 B3.1   B3 W1 F5.1 W2.1   F6 B4.1   B4   W2 F6.1 W3.1   F7 B5.1   B5   W3 F7.1 B6.1   B6 W4.1   W4 W5.1   W5 B7.1   B7 W6.1   W6 W7.1 W7"""
+       0  1  2  3    4    5    6    7    8    9   10   11   12   13   14   15   16   17   18   19   20   21   22   23   24   25   26   27   28   29   30   31   32   33   34   35   36   37   38   39   40   41   42 43 44   45   46   47 48 49 50
+s0.r0 F0 F1 F2 F3   F4   F5   F6 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F2.1 B2.1 W2.1 F3.1 B3.1 W3.1   F7   B0   W0 F4.1 B4.1 W4.1   B1   W1 F5.1 B5.1 W5.1   B2   W2 F6.1 B6.1 W6.1   B3   W3 F7.1 B7.1 W7.1   B4   W4   B5 W5 B6   W6   B7   W7  .  .  .
+s1.r0  . F0 F1 F2   F3   F4 F0.1   F5 F1.1 B0.1 W0.1 F2.1 B1.1 W1.1 F3.1 B2.1 W2.1   F6   B0   W0 F4.1 B3.1 W3.1   F7   B1   W1 F5.1 B4.1 W4.1   B2   W2 F6.1 B5.1 W5.1   B3   W3 F7.1 B6.1 W6.1   B4 B7.1   B5   W4 B6 W5   B7   W6 W7.1 W7  .  .
+s2.r0  .  . F0 F1   F2 F0.1   F3 F1.1   F4 F2.1 B0.1 W0.1 F3.1 B1.1 W1.1   F5   B0   W0 F4.1 B2.1 W2.1   F6   B1   W1 F5.1 B3.1 W3.1   F7   B2   W2 F6.1 B4.1 W4.1   B3   W3 F7.1 B5.1 W5.1   B4 B6.1   B5 B7.1   B6 W4 B7   W5 W6.1 W7.1 W6 W7  .
+s3.r0  .  .  . F0 F0.1   F1 F1.1   F2 F2.1   F3 F3.1 B0.1 W0.1   F4   B0   W0 F4.1 B1.1 W1.1   F5   B1   W1 F5.1 B2.1 W2.1   F6   B2   W2 F6.1 B3.1 W3.1   F7   B3   W3 F7.1 B4.1 W4.1   B4 B5.1   B5 B6.1   B6 B7.1 B7 W4 W5.1 W6.1 W7.1 W5 W6 W7"""
 
 
 def test_zb_v_matches_the_drawn_figure() -> None:
     assert draw_grid(build_program("zb-v", [1] * 4, 8, microbatches=8, chunks=2)) == ZB_V_4x8
+
+
+@pytest.mark.parametrize("stages", range(2, 7))
+def test_zb_v_orders_each_worker_as_torch_pipelining_does(stages: int) -> None:
+    # An implementation of the same paper schedule written apart from ours (torch 2.13's, a private
+    # method computing one rank's actions), from 2S - 1 microbatches, the fewest that fill the V.
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    kinds = {"FORWARD": Kind.FORWARD, "BACKWARD_INPUT": Kind.BACKWARD, "BACKWARD_WEIGHT": Kind.WEIGHT}
+    for m in range(2 * stages - 1, 3 * stages + 1):
+        shape = SimpleNamespace(pp_group_size=stages, _n_microbatches=m, num_stages=2 * stages)
+        for w in range(stages):
+            actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(shape, w)  # type: ignore[arg-type]
+            theirs = tuple(
+                (kinds[a.computation_type.name], a.microbatch_index, 0 if a.stage_index == w else 1)
+                for a in actions
+                if a is not None
+            )
+            assert zb_v_paper_order(stages, m, w) == theirs, (stages, m, w)
+            assert zb_v_orders(stages, m)[w] == theirs
 
 
 def _chunk0_warmup(instrs: list[Instr]) -> int:
