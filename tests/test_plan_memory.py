@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from pdplan.build import PlanConfig, make_plan, with_memory
-from pdplan.memory import WARMUP_PEAKED, _held, loss_overhead, output_unsaved, tensor_share, worker_overhead
+from pdplan.memory import (
+    WARMUP_PEAKED,
+    _held,
+    loss_overhead,
+    output_unsaved,
+    shared_overhead,
+    tensor_share,
+    worker_overhead,
+)
 from shared.errors import PlanError
 from shared.graph import Edge, LayerGraph, Node, save_graph
 from shared.plan import Cluster, Level, Plan, Stage
@@ -172,6 +180,19 @@ def test_a_worker_pays_the_floor_and_the_rest_by_its_share_of_the_tensors() -> N
     want = [15e6 + 6e6 * share for share in (210 / 1260, 420 / 1260, 630 / 1260)]
     want[-1] += 4e6
     assert all(math.isclose(g, w, rel_tol=1e-12) for g, w in zip(got, want, strict=True)), (got, want)
+
+
+def test_a_stage_of_almost_nothing_pays_the_floor_by_its_share() -> None:
+    # Under a tenth of the model's step tensors, the floor in proportion (the MNIST CNN's slow-link plan
+    # cut off a last stage of 0.4% that rose 0.6-1.0 MB where the whole 9.4 MB floor was charged).
+    assert math.isclose(shared_overhead(9.4e6, 0.004), 9.4e6 * 0.04, rel_tol=1e-12)
+    assert math.isclose(shared_overhead(9.4e6, 0.1), 9.4e6, rel_tol=1e-12)
+    assert math.isclose(
+        shared_overhead(9.4e6, 0.5), 9.4e6, rel_tol=1e-12
+    )  # the whole overhead, under the floor
+    assert math.isclose(shared_overhead(25e6, 0.05), 15e6 * 0.5 + 10e6 * 0.05, rel_tol=1e-12)
+    assert math.isclose(shared_overhead(25e6, 1.0), 25e6, rel_tol=1e-12)  # one stage: all of it
+    assert math.isclose(shared_overhead(25e6, 0.004, ramp=0.0), 15e6 + 10e6 * 0.004, rel_tol=1e-12)
 
 
 def test_a_model_whose_overhead_is_under_the_floor_charges_every_worker_all_of_it() -> None:
