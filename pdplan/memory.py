@@ -43,7 +43,8 @@ empirical: the process floor ``F`` (15 MB, at most ``O``), plus the rest of ``O`
 stage's share of the whole model's step tensors (gradients twice, made and accumulated, plus
 saved activations; :func:`tensor_share`), so that the whole model as one stage gets ``O``
 exactly. A stage of under a tenth of those tensors pays the floor in proportion to its share
-(``FLOOR_RAMP_SHARE``, since 2026-12-07 evening: a stage of 0.4% of them rose 0.6-1.0 MB, not 9.4). Fitted (2026-12-07, the measure without library pages) on the stages of eight models,
+(``FLOOR_RAMP_SHARE``, since 2026-12-07 evening: a stage of 0.4% of them rose 0.6-1.0 MB, not
+9.4). Fitted (2026-12-07, the measure without library pages) on the stages of eight models,
 three runs (``bench.fit_memory``): the harness's MNIST CNN, residual MLP and 2-block GPT (1F1B,
 1F1B-flush, GPipe; 12 steps) and the prediction benchmark's cases (torchvision's ResNet-18,
 MobileNetV2 and VGG-16 recipes, transformers' BERT and GPT-2, the MNIST CNN and a 512-wide
@@ -139,26 +140,41 @@ def sent_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
     )
 
 
+Crossings = dict[tuple[int, int], set[str]]  # per stage edge, the values crossing it (crossing_values)
+
+
+def _crossings(graph: LayerGraph, stages: Sequence[Sequence[str]], chunked: bool) -> Crossings:
+    owner = {layer: s for s, layers in enumerate(stages) for layer in layers}
+    return crossing_values(graph, owner, chunked)
+
+
 def message_bytes(
-    graph: LayerGraph, stages: Sequence[Sequence[str]], held: Sequence[int], chunked: bool = False
+    graph: LayerGraph,
+    stages: Sequence[Sequence[str]],
+    held: Sequence[int],
+    chunked: bool = False,
+    crossings: Crossings | None = None,
 ) -> list[float]:
     """Per stage, the transport's buffers for its links (module doc): each link's bytes per unit
     times the units its two ends hold, charged to both ends. ``chunked``: the stages are a chunked
-    plan's, whose values go along the chain of chunks (``shared.plan.crossing_values``)."""
-    owner = {layer: s for s, layers in enumerate(stages) for layer in layers}
+    plan's, whose values go along the chain of chunks (``shared.plan.crossing_values``, or
+    ``crossings`` where the caller has them)."""
     nodes = {n.id: n for n in graph.nodes}
     out = [0.0] * len(stages)
-    for (a, b), values in crossing_values(graph, owner, chunked).items():
+    for (a, b), values in (_crossings(graph, stages, chunked) if crossings is None else crossings).items():
         buffers = sum(nodes[v].activation_bytes for v in values if v in nodes) * (held[a] + held[b])
         out[a] += buffers
         out[b] += buffers
     return out
 
 
-def relayed_bytes(graph: LayerGraph, stages: Sequence[Sequence[str]]) -> list[float]:
+def relayed_bytes(
+    graph: LayerGraph, stages: Sequence[Sequence[str]], crossings: Crossings | None = None
+) -> list[float]:
     """Per chunk of a chunked plan, the bytes of the values it relays per unit (``pdrun.partition``):
     received from the chunk before and sent on, read by none of its layers. It keeps them, as every
-    received value, until the unit's backward."""
+    received value, until the unit's backward. ``crossings``: the plan's chunked crossings, where the
+    caller has them."""
     owner = {layer: s for s, layers in enumerate(stages) for layer in layers}
     nodes = {n.id: n for n in graph.nodes}
     read: list[set[str]] = [set() for _ in stages]
@@ -166,7 +182,9 @@ def relayed_bytes(graph: LayerGraph, stages: Sequence[Sequence[str]]) -> list[fl
         if e.target in owner:
             read[owner[e.target]].add(e.source)
     out = [0.0] * len(stages)
-    for (_, b), values in crossing_values(graph, owner, True).items():  # hops (b - 1, b) only
+    for (_, b), values in (
+        _crossings(graph, stages, True) if crossings is None else crossings
+    ).items():  # hops (b - 1, b) only
         out[b] += sum(nodes[v].activation_bytes for v in values - read[b] if v in nodes)
     return out
 
@@ -388,8 +406,9 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     ]
     layers = [stage.layers for stage in plan.stages]
     chunked = plan.virtual_stages > 1
-    messages = message_bytes(graph, layers, held, chunked)
-    relayed = relayed_bytes(graph, layers) if chunked else [0.0] * len(layers)
+    crossings = _crossings(graph, layers, chunked)  # once, for the messages and the relays both
+    messages = message_bytes(graph, layers, held, chunked, crossings)
+    relayed = relayed_bytes(graph, layers, crossings) if chunked else [0.0] * len(layers)
     out = []
     for s, stage in enumerate(plan.stages):
         p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))

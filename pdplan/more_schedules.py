@@ -10,7 +10,8 @@ puts chunk c of worker w at ``stages[c * S + w]`` on worker w's rank
 (Narayanan et al., SC'21, section 2.2: "each device is assigned multiple pipeline stages
 (model chunks)", round-robin); ``zb-v`` asks for 2 x S chunks the same way and places them
 in a V, chunk 1 of worker w at ``stages[2S - 1 - w]`` (Qi et al., ICLR'24, section 6), 2S
-microbatches a step unless told (at least the 2S - 1 that fill the paper's V, ``shared.schedule_more.zb_v_orders``).
+microbatches a step unless told (at least the 2S - 1 that fill the paper's V,
+``shared.schedule_more.zb_v_orders``).
 """
 
 from __future__ import annotations

@@ -26,9 +26,10 @@ instruction lists pdrun executes (``shared.schedule.build_program``) and run aga
   pdrun sends a skip connection straight to its consumer; in a chunked plan a value read several
   chunks later is relayed, and its bytes count on every hop, ``shared.plan.crossing_values``)
   over the bandwidth the two stages' ranks span, plus that level's ``latency_s`` (``pdplan
-  --latency``), in both directions (activations forward, gradients back). With the plan's ``cluster.blocking_sends`` a send
-  also keeps its sender busy that long, as when pdrun's CPU workers post their own sends
-  (no core to spare for a send thread) or the benchmarks emulate a slow link.
+  --latency``), in both directions (activations forward, gradients back). With the plan's
+  ``cluster.blocking_sends`` a send also keeps its sender busy that long, as when pdrun's CPU
+  workers post their own sends (no core to spare for a send thread) or the benchmarks emulate a
+  slow link.
 
 The steady-state seconds per unit of that simulation is the plan's
 ``simulated_time_per_minibatch_s``; imported PipeDream profiles have no update or loss
@@ -331,8 +332,7 @@ def backward_shares(graph: LayerGraph) -> tuple[float, float]:
     """B's and W's shares of a stage's profiled backward (``pdprof.split_timing``): the graph's
     measured ``backward_input_share`` and ``backward_weight_share``, or halves where it has none (an
     imported PipeDream profile, a model without a cut)."""
-    measured = [graph.graph.get(k) for k in ("backward_input_share", "backward_weight_share")]
-    b, w = measured
+    b, w = (graph.graph.get(k) for k in ("backward_input_share", "backward_weight_share"))
     if isinstance(b, int | float) and isinstance(w, int | float) and b > 0 and w > 0:
         return float(b), float(w)
     return HALVES
