@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 from shared.errors import TraceError
 from shared.fields import forward_parameters
@@ -43,6 +44,7 @@ from shared.spec import TraceOptions
 EXPORT_DTYPE = torch.float32  # see [Note: export in float32]
 RUNS = "runs"  # the top graph's attribute holding the runs' modules
 WRAPPER = "model"  # the attribute the user's model sits under during export: stripped from every name
+_MOD_INDEX = "torch._dynamo._trace_wrapped_higher_order_op.ModIndex"  # see _plain_mod_index
 _ASSERTS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "_assert_async"}
 
 
@@ -176,6 +178,7 @@ def export_module(model: nn.Module, options: TraceOptions) -> tuple[fx.GraphModu
     finally:
         subject.train(was_training)
     flat = exported.module()
+    _plain_mod_index(flat)
     if run_dtype != EXPORT_DTYPE:
         _set_dtype(flat, run_dtype)
     return _regroup(flat, model, names), call.chosen
@@ -242,6 +245,43 @@ def _model_line(exc: BaseException) -> str | None:
     frame = frames[-1]
     code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} ({code})"
+
+
+def _plain_mod_index(flat: fx.GraphModule) -> None:
+    """Each call of torch's ``ModIndex`` autograd Function becomes the ``aten.index`` it runs.
+
+    transformers builds its attention masks under ``vmap`` from functions that index tensors
+    (``padding_mask[batch_idx, kv_idx]``), which export records as ``ModIndex``, a custom autograd
+    Function with a generated vmap rule. Run under ``vmap``, such a Function makes a new class on every
+    call (torch's ``vmapify_autograd_function``), and a class is a reference cycle that only Python's
+    full collection frees. Measured on transformers' GPT-2 (2 stages, 1F1B, 3,000 steps): the first
+    stage's resident set grew 2.7 KB a step, 34 to 45 MB, where the second stayed at 24 MB. ``aten.index``
+    computes the same values and has its own vmap rule and gradient, and makes no class.
+    """
+    for gm in flat.modules():
+        if not isinstance(gm, fx.GraphModule):
+            continue
+        changed = False
+        for n in list(gm.graph.nodes):
+            if n.op != "call_function" or n.target is not torch.ops.higher_order.flat_apply:
+                continue
+            spec = n.args[1]
+            if not (isinstance(spec, fx.Node) and spec.op == "get_attr"):
+                continue
+            args, kwargs = pytree.tree_unflatten(list(n.args[2:]), _attr(gm, str(spec.target)))
+            if kwargs or len(args) != 3 or args[0] != _MOD_INDEX:
+                continue
+            with gm.graph.inserting_before(n):
+                index = gm.graph.call_function(torch.ops.aten.index.Tensor, (args[1], list(args[2])))
+            index.meta = dict(n.meta)
+            n.replace_all_uses_with(index)
+            gm.graph.erase_node(n)
+            for attr in (n.args[0], spec):
+                if isinstance(attr, fx.Node) and attr.op == "get_attr" and not attr.users:
+                    gm.graph.erase_node(attr)
+            changed = True
+        if changed:
+            gm.recompile()
 
 
 def _set_dtype(flat: fx.GraphModule, dtype: torch.dtype) -> None:

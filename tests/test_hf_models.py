@@ -9,6 +9,7 @@ stages, its gradient summed by pdrun); the Llama case is untied, so both kinds a
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,35 @@ def test_exported_graph_computes_what_the_model_computes(mode: str) -> None:
         torch.manual_seed(1)  # the same dropout masks, drawn in the same order
         got = traced.module(ids, mask)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_masks_built_under_vmap_leave_no_garbage_for_the_full_collection() -> None:
+    """GPT-2's padding mask is indexed under vmap; export records it as torch's ModIndex, which makes a
+    new class (a reference cycle) each call: a first stage's memory grew every step until Python's
+    rare full collection. The traced graph indexes with aten.index instead (shared.tracer_export)."""
+    model = resolve_model("zoo:hf_gpt2", {"n_layer": 1})
+    traced = trace(model, _example(["input_ids", "attention_mask"]))
+    ops = [
+        n.target
+        for m in traced.module.modules()
+        if isinstance(m, torch.fx.GraphModule)
+        for n in m.graph.nodes
+    ]
+    assert torch.ops.higher_order.flat_apply not in ops and torch.ops.aten.index.Tensor in ops
+    ids = torch.randint(0, 90, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, 12:] = 0
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collection finds stays in gc.garbage, to be looked at
+    try:
+        for _ in range(5):
+            traced.module(ids, mask).sum().backward()
+        gc.collect()
+        classes = [o for o in gc.garbage if isinstance(o, type)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert classes == []  # before: one VmappedModIndex class per call
 
 
 def test_t5_encoder_decoder_traces() -> None:
