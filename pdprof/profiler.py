@@ -333,6 +333,13 @@ def _memory_rise(
     (``pdplan.memory``).
     """
     clock, device = where
+    # A pdrun worker has torch._dynamo imported before its memory mark (its forkserver preloads it, as
+    # every optimizer imports it), so its rise holds none of the modules it pulls in. Here it would:
+    # torch's MultiheadAttention given a key padding mask imports sympy and mpmath through it on its
+    # first call, 486 modules and 36 MB, which the planner charged to every worker of an
+    # nn.TransformerEncoder as overhead (predicted 40 MB a worker where pdrun measured 6-7).
+    import torch._dynamo  # noqa: F401
+
     since = mark(device)
     seen: list[float] = []
     while len(seen) < PROBE_MAX_STEPS:

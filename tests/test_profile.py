@@ -270,6 +270,25 @@ def test_the_memory_probe_sees_the_gradients_of_the_whole_model() -> None:
     assert params <= rise < params + 500e6, (params, rise)
 
 
+def test_the_memory_probe_leaves_out_the_modules_torch_imports_on_a_first_call(tmp_path: Path) -> None:
+    """In a fresh process, torch's MultiheadAttention given a key padding mask imports sympy and mpmath
+    on its first call (36 MB), which a pdrun worker has imported before its memory mark: the probe
+    counted it (46.4 MB for this 565 KB model, 6-7 MB measured per pdrun worker) and now does not."""
+    out = tmp_path / "graph.json"
+    argv = ["--model", "zoo:transformer_encoder", "--data", "zoo:pydoc_lines", "--batch-size", "16"]
+    argv += ["--repeats", "1", "-o", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-c", "from pdprof.cli import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    rise = json.loads(out.read_text())["graph"]["memory_rise_bytes"]
+    assert 0 < rise < 25e6, rise  # the model's own step and the process floor: 12 MB measured
+
+
 def test_the_loss_probe_sees_what_a_wide_loss_adds_beyond_a_gradient() -> None:
     """A 20,000-way cross-entropy on 64 rows: its step saves log-probabilities and makes their gradient
     (5.1 MB each) where a surrogate that only passes a gradient back keeps nothing of its own; the probe
