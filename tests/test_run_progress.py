@@ -1,4 +1,5 @@
-"""The progress bar shows the last step's real loss, also when the worker drawing it ran no unit in that step."""
+"""The progress bar shows the last step's real loss, also when the worker drawing it ran no unit in that step,
+and the throughput of the last steps."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from pdrun.config import RunConfig
 from pdrun.launch import launch
 from pdrun.plans import cut_plan
-from pdrun.progress import Progress
+from pdrun.progress import RATE_STEPS, Progress
 from shared.spec import RunSpec
 
 
@@ -44,14 +45,19 @@ def test_the_bar_keeps_the_last_real_loss_when_its_replica_ran_no_unit(tmp_path:
     assert "nan" not in shown(progress)
 
 
-def test_the_bar_shows_each_step_with_a_loss() -> None:
-    progress = Progress(RunConfig(progress=True), True, 3)
+def test_the_bar_shows_each_step_with_a_loss_and_the_rate_of_the_last_steps() -> None:
+    progress = Progress(RunConfig(progress=True), True, 30)
     progress.start()
     try:
-        progress.step({"loss": 2.5, "samples_per_s": 100.0})
+        progress.step({"loss": 2.5, "samples_per_s": 100.0, "wall_s": 1.0})
         assert shown(progress) == "loss 2.5000  100 samples/s"
-        progress.step({"loss": 1.25, "samples_per_s": 80.0})
-        assert shown(progress) == "loss 1.2500  80 samples/s"
+        progress.step({"loss": 1.25, "samples_per_s": 80.0, "wall_s": 1.0})
+        assert shown(progress) == "loss 1.2500  90 samples/s"  # 180 samples in 2 s, not the last step's 80
+        progress.step({"loss": 1.0, "samples_per_s": 60.0, "wall_s": 2.0})
+        assert shown(progress) == "loss 1.0000  75 samples/s"  # 300 samples in 4 s
+        for _ in range(RATE_STEPS):
+            progress.step({"loss": 0.5, "samples_per_s": 40.0, "wall_s": 1.0})
+        assert shown(progress) == "loss 0.5000  40 samples/s"  # the first three steps are out of the window
     finally:
         progress.close()
 
