@@ -1,4 +1,9 @@
-"""``pdrun schedule``: draw a schedule's program as a step-by-worker grid, or print it as JSON."""
+"""``pdrun schedule``: draw a schedule's program as a step-by-worker grid, or print it as JSON.
+
+Given a plan, it draws the program pdrun runs for that plan: its schedule, stages, replicas,
+microbatches, model chunks and the stage DAG its layers make (traced from the plan's model, as
+``pdrun PLAN`` traces it), ``--microbatches`` overriding the plan's as it does for a run.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from dataclasses import dataclass
 import click
 
 from shared.cli import console
+from shared.errors import UserError
+from shared.plan import load_plan
 from shared.schedule import (
     ALL_SCHEDULES,
     Kind,
@@ -74,6 +81,47 @@ def _chunks(schedule: str, virtual_stages: int | None) -> int:
     return 1
 
 
+# The options a plan sets; given beside one, each is refused rather than ignored.
+PLAN_SETS = {
+    "schedule_name": "--schedule",
+    "stages": "--stages",
+    "replicas": "--replicas",
+    "edges": "--edges",
+    "in_flight": "--in-flight",
+    "virtual_stages": "--virtual-stages",
+}
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether the command line named option ``name`` (not its default)."""
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _from_plan(source: str, microbatches: int | None, steps: int) -> ScheduleConfig:
+    """What ``pdrun PLAN`` runs, as integers (``pdrun.shape.pipeline_of``'s), the stage DAG traced."""
+    from pdrun.partition import partition
+    from pdrun.plans import traced_for
+    from pdrun.shape import units_per_step
+
+    plan = load_plan(source)
+    if microbatches is not None:
+        plan = plan.model_copy(update={"microbatches": microbatches})
+    part = partition(traced_for(plan.spec), plan, source)
+    workers = len(plan.stages) // plan.virtual_stages
+    per_step = units_per_step(plan)  # a step as pdrun counts it
+    if plan.schedule == "1f1b" and microbatches is not None:
+        per_step = microbatches  # as without a plan: 1f1b draws --microbatches units a step
+    return ScheduleConfig(
+        schedule=plan.schedule,
+        replicas=tuple(s.replicas for s in plan.stages[:workers]),
+        units=per_step * steps,
+        microbatches=plan.microbatches,
+        edges=tuple(sorted(part.edges())) if plan.virtual_stages == 1 else None,
+        in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
+        chunks=plan.virtual_stages,
+    )
+
+
 def _summary(config: ScheduleConfig, program: Program) -> str:
     run = simulate(program, Costs.uniform(len(config.replicas), stage_edges=config.edges))
     chunks = f", {config.chunks} chunks per worker" if config.chunks > 1 else ""
@@ -89,6 +137,7 @@ def _summary(config: ScheduleConfig, program: Program) -> str:
 
 
 @click.command("schedule")
+@click.argument("plan_file", metavar="[PLAN]", required=False)
 @click.option(
     "--schedule",
     "schedule_name",
@@ -110,7 +159,7 @@ def _summary(config: ScheduleConfig, program: Program) -> str:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Draw this many steps of --microbatches units.",
+    help="Draw this many steps of --microbatches units (with a PLAN: of pdrun's steps).",
 )
 @click.option("--replicas", default=None, help="Replicas per stage, e.g. 2,1,1,1 (default: 1 each).")
 @click.option("--edges", default=None, help="Stage DAG as a-b pairs, e.g. 0-1,1-2,0-2 (default: the chain).")
@@ -136,6 +185,7 @@ def _summary(config: ScheduleConfig, program: Program) -> str:
     help="Print each worker's instruction list (compact text form) as JSON.",
 )
 def schedule(
+    plan_file: str | None,
     schedule_name: str,
     stages: int | None,
     microbatches: int,
@@ -150,8 +200,23 @@ def schedule(
     """Draw a schedule's program: rows are workers (s0.r0 = stage 0, replica 0), columns are time slots.
 
     Example: pdrun schedule --schedule 1f1b --stages 4 --microbatches 8
-    (or --schedule interleaved-1f1b --virtual-stages 2, zb-h1, 2bw)
+    (or --schedule interleaved-1f1b --virtual-stages 2, zb-h1, 2bw);
+    pdrun schedule plan.json draws what `pdrun plan.json` runs.
     """
+    if plan_file is not None:
+        ctx = click.get_current_context()
+        given = [flag for name, flag in PLAN_SETS.items() if _given(ctx, name)]
+        if given:
+            raise UserError(
+                f"{given[0]}: the plan {plan_file} sets it; draw without the plan to choose it, or plan again "
+                "with pdplan"
+            )
+        _draw(
+            _from_plan(plan_file, microbatches if _given(ctx, "microbatches") else None, steps),
+            detail,
+            as_json,
+        )
+        return
     reps = _ints(replicas, "--replicas") if replicas else (1,) * (stages if stages is not None else 4)
     if stages is not None and stages != len(reps):
         raise click.BadParameter(
@@ -168,6 +233,11 @@ def schedule(
         in_flight=in_flight,
         chunks=_chunks(schedule_name, virtual_stages),
     )
+    _draw(config, detail, as_json)
+
+
+def _draw(config: ScheduleConfig, detail: bool, as_json: bool) -> None:
+    """The program's grid (or JSON) on stdout, its simulated summary on stderr."""
     program = build_program(
         config.schedule,
         config.replicas,

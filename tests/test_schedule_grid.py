@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from pdrun.cli import main
+from pdrun.partition import partition
+from pdrun.plans import cut_plan, traced_for
+from shared.plan import save_plan
 from shared.schedule import build_program, parse_instr, program_from_text
 from shared.schedule_grid import draw_grid
+from tests.test_run_flush import RESMLP
 
 # PipeDream's 1F1B, 4 stages, 8 minibatches, forward = backward = 1 slot. Stage s warms up
 # with S - s forwards; the last stage alternates from its first unit; the first backward
@@ -91,3 +96,33 @@ def test_cli_errors_are_one_line_with_exit_status_2() -> None:
     )
     result = CliRunner().invoke(main, ["schedule", "--stages", "3", "--replicas", "2,1"])
     assert result.exit_code == 2 and "--stages 3 but --replicas names 2 stages" in result.stderr
+
+
+def test_cli_draws_a_plans_program_with_the_stage_dag_its_layers_make(tmp_path: Path) -> None:
+    """`pdrun schedule PLAN` draws what `pdrun PLAN` runs: the residual MLP cut inside a block sends
+    the block's input from stage 0 straight to stage 2, an edge no option names, and the program has
+    its messages (the chain's program does not)."""
+    plan = cut_plan(RESMLP, [5, 7], batch_size=8, schedule="1f1b-flush", microbatches=4)
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    result = CliRunner().invoke(main, ["schedule", str(path), "--steps", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    edges = sorted(partition(traced_for(RESMLP), plan).edges())
+    assert (0, 2) in edges
+    drawn = program_from_text(json.loads(result.stdout))
+    assert drawn == build_program("1f1b-flush", [1, 1, 1], 8, microbatches=4, stage_edges=edges)
+    assert drawn != build_program("1f1b-flush", [1, 1, 1], 8, microbatches=4)
+    assert "1f1b-flush: 3 stages, 3 workers, 8 units (4 per step)" in result.stderr
+
+    result = CliRunner().invoke(main, ["schedule", str(path), "--microbatches", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    drawn = program_from_text(json.loads(result.stdout))
+    assert drawn == build_program("1f1b-flush", [1, 1, 1], 2, microbatches=2, stage_edges=edges)
+
+    for option in (["--schedule", "gpipe"], ["--stages", "3"], ["--virtual-stages", "2"]):
+        result = CliRunner().invoke(main, ["schedule", str(path), *option])
+        assert result.exit_code == 2
+        assert result.stderr.strip() == (
+            f"pdrun: error: {option[0]}: the plan {path} sets it; draw without the plan to choose it, "
+            "or plan again with pdplan"
+        )
