@@ -125,8 +125,22 @@ def launch(
 
         return worker_entry(plan.model_dump_json(), resume_config(plan, cfg), None)
     nproc = nodes.nproc_per_node or -(-plan.world_size // nodes.nnodes)
-    modules = check(plan, cfg, nproc * nodes.nnodes, source, warm=_start_method(cfg) == "forkserver")
+    with _checking(cfg.progress, source):
+        modules = check(plan, cfg, nproc * nodes.nnodes, source, warm=_start_method(cfg) == "forkserver")
     return _elastic(plan, resume_config(plan, cfg), nodes, nproc, modules)
+
+
+@contextmanager
+def _checking(show: bool, source: str) -> Iterator[None]:
+    """A spinner on a terminal while the launcher checks the run: building and tracing a Hugging Face
+    model and sending a batch through it takes seconds before any worker starts (a new user saw none)."""
+    if not show:
+        yield
+        return
+    from shared.cli import rich_console
+
+    with rich_console().status(f"pdrun: checking {source}: the model, its trace, a batch of the data"):
+        yield
 
 
 def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
