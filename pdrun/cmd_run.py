@@ -247,7 +247,7 @@ def run(
     from pdrun.shape import effective_plan
 
     used = effective_plan(p, cfg)
-    summary = metrics.summary(results, used)
+    summary = metrics.summary(results, used, p)
     if metrics_path:
         metrics.save(results, metrics_path, used, asdict(cfg))
     if trace_path:
@@ -266,6 +266,8 @@ def run(
         skipped = metrics.warmup_steps(summary["steps"])
         if skipped:
             line += f" ({summary['steady_samples_per_s'] or 0:.0f} after the first {skipped})"
+        if summary["predicted_samples_per_s"]:
+            line += f", the plan predicted {summary['predicted_samples_per_s']:.0f}"
         console.print(line + (f", val accuracy {acc:.2%}" if acc is not None else ""))
     click.echo(json.dumps(summary, indent=2, default=str))
 

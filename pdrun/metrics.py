@@ -100,11 +100,14 @@ def steady_rate(results: list[WorkerResult]) -> tuple[float | None, int | None]:
     return (samples / seconds if seconds > 0 else None), first
 
 
-def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
+def summary(results: list[WorkerResult], plan: Plan, planned: Plan | None = None) -> dict[str, Any]:
     """The figures a person wants at the end: steps, losses, throughput, validation.
 
     ``steps``, ``units`` and ``samples`` are what this invocation trained: after ``--resume``, those
-    after the checkpoint's step (the metrics' ``step`` column goes on counting from it).
+    after the checkpoint's step (the metrics' ``step`` column goes on counting from it). ``plan`` is
+    what ran, ``planned`` the plan as pdplan wrote it (before ``--schedule``, ``--microbatches`` and
+    ``--vertical-sync``): its predictions are for its own schedule, so beside a run of another they
+    are left out (``predicted_for`` says which run they are for).
     """
     last = [r for r in results if r.stage == len(plan.stages) - 1]
     losses: dict[int, list[float]] = {}
@@ -139,8 +142,14 @@ def summary(results: list[WorkerResult], plan: Plan) -> dict[str, Any]:
         "links": {r.rank: dict(sorted(r.links.items())) for r in results},  # per rank, per peer
         "replica_sum": {r.rank: r.replica_sum for r in results if r.replica_sum is not None},
         "tie_sum": {r.rank: r.tie_sum for r in results if r.tie_sum is not None},
-        "memory": memory_summary(results, plan),
+        "memory": memory_summary(results, plan, planned),
     }
+    mismatch = _predicted_for(plan, planned)
+    simulated = plan.predicted.simulated_time_per_minibatch_s if plan.predicted is not None else None
+    # The plan's schedule simulated (pdplan.schedule_sim): a unit is one minibatch of batch_size samples.
+    out["predicted_samples_per_s"] = plan.batch_size / simulated if simulated and mismatch is None else None
+    if mismatch is not None:
+        out["predicted_for"] = mismatch
     if last and last[0].validation:
         per_epoch = []
         for entry in last[0].validation:
@@ -168,8 +177,25 @@ def transport_of(result: WorkerResult) -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
-def memory_summary(results: list[WorkerResult], plan: Plan) -> list[dict[str, Any]]:
-    """Per stage: each rank's measured peak bytes beside the plan's predicted peak (``pdplan.memory``).
+def _predicted_for(plan: Plan, planned: Plan | None) -> str | None:
+    """None when the run is the plan's own; else which run the plan's predictions are for."""
+    if planned is None:
+        return None
+    key = ("schedule", "microbatches", "vertical_sync")
+    if all(getattr(plan, k) == getattr(planned, k) for k in key):
+        return None
+    return (
+        f"{planned.schedule}, {planned.microbatches} microbatches"
+        + (", vertical sync" if planned.vertical_sync else "")
+        + f": plan again with pdplan --schedule {plan.schedule} --microbatches {plan.microbatches} to predict this run"
+    )
+
+
+def memory_summary(
+    results: list[WorkerResult], plan: Plan, planned: Plan | None = None
+) -> list[dict[str, Any]]:
+    """Per stage: each rank's measured peak bytes beside the plan's predicted peak (``pdplan.memory``),
+    the prediction left out where the run's schedule is not the plan's (:func:`summary`).
 
     Under interleaved-1f1b a rank is one process holding V chunks: one entry per worker, under its
     first chunk's stage, with ``chunks`` (its stages) and the sum of their predictions (as
@@ -186,7 +212,9 @@ def memory_summary(results: list[WorkerResult], plan: Plan) -> list[dict[str, An
         chunks = sorted(plan.worker_chunks(s)) if plan.virtual_stages > 1 else [s]
         parts = [plan.stages[c].predicted for c in chunks]
         totals = [p.memory.total_bytes for p in parts if p is not None and p.memory is not None]
-        predicted = sum(totals) if len(totals) == len(chunks) else None
+        predicted = (
+            sum(totals) if len(totals) == len(chunks) and _predicted_for(plan, planned) is None else None
+        )
         measured = {rank: peaks[rank] for rank in plan.stages[s].ranks if rank in peaks}
         worst = max(measured.values(), default=None)
         entry: dict[str, Any] = {"stage": s}

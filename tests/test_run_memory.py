@@ -71,6 +71,16 @@ def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -
         assert m["predicted_bytes"] > 0
         measured = max(m["measured_bytes"].values())
         assert LOW <= measured / m["predicted_bytes"] <= HIGH, memory
+    # A run of another schedule than the plan's (pdrun --schedule gpipe) has no prediction beside it:
+    # the plan's is for its 1f1b-flush, and the summary says so rather than compare the two.
+    ran = plan.model_copy(update={"schedule": "gpipe"})
+    other = summary(results, ran, plan)
+    assert all(m["predicted_bytes"] is None and m["measured_over_predicted"] is None for m in other["memory"])
+    assert other["predicted_samples_per_s"] is None
+    assert other["predicted_for"].startswith(
+        "1f1b-flush, 4 microbatches: plan again with pdplan --schedule gpipe"
+    )
+    assert "predicted_for" not in summary(results, plan, plan)
     # The column round-trips through the metrics file; a file without it (older pdrun) still loads.
     path = tmp_path / "run.parquet"
     save(results, str(path), plan, {})
@@ -95,8 +105,12 @@ def test_an_interleaved_rank_records_its_peak_beside_its_chunks_predicted_sum(tm
     results = launch(plan, RunConfig(steps=6, seed=0, momentum=0.9, validate=False))
     assert results is not None
     assert (frame(results)["peak_memory_bytes"] > 0).all()
-    memory = summary(results, plan)["memory"]
+    out = summary(results, plan, plan)
+    memory = out["memory"]
     assert [(m["stage"], m["chunks"]) for m in memory] == [(0, [0, 2]), (1, [1, 3])]
+    assert plan.predicted is not None and plan.predicted.simulated_time_per_minibatch_s
+    simulated = plan.predicted.simulated_time_per_minibatch_s
+    assert out["predicted_samples_per_s"] == pytest.approx(plan.batch_size / simulated, rel=1e-12)
     for m, predicted in zip(memory, worker_peaks(plan), strict=True):
         assert set(m["measured_bytes"]) == set(plan.stages[m["stage"]].ranks)
         assert m["predicted_bytes"] == pytest.approx(predicted, rel=1e-12)
