@@ -12,11 +12,14 @@ from shared.cli import console
 
 
 def _shape(desc: Any) -> str:
+    """A sample's structure (``pdprof.zoo_catalog.describe``) in a table cell."""
     if isinstance(desc, list):
         return "(" + ", ".join(_shape(d) for d in desc) + ")"
-    if "shape" in desc:
+    if set(desc) == {"shape", "dtype"}:
         return f"{desc['dtype']} {tuple(desc['shape'])}"
-    return str(desc.get("type", "?"))
+    if set(desc) == {"type"}:
+        return str(desc["type"])
+    return ", ".join(f"{key} {_shape(value)}" for key, value in desc.items())  # a dict sample's fields
 
 
 def _render(listing: dict[str, Any]) -> None:

@@ -56,3 +56,5 @@ def test_zoo_table_goes_to_stderr_and_leaves_stdout_empty() -> None:
     assert result.stdout == ""
     for text in ("vgg16", "138,357,544", "inception_v3", "27,161,264", "cmudict", "video_captions"):
         assert text in result.stderr
+    # A dict sample's fields, each named (the keyword datasets of the Hugging Face models): not "?".
+    assert "input_ids int64 (32,)" in result.stderr.replace("\n", " ")
