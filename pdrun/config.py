@@ -80,7 +80,8 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
     """``cfg`` with the units per optimizer step settled, and a line saying what was chosen, if anything was.
 
     1F1B (PipeDream's asynchronous schedule) steps after every unit, so ``--microbatches``
-    cannot apply to it: dropped, and said. A flush schedule asked of a 1F1B plan would inherit that
+    cannot apply to it: dropped, and said; asked of a plan of several microbatches per step, that a
+    step is then one unit is said too. A flush schedule asked of a 1F1B plan would inherit that
     plan's one unit per step, with nothing to pipeline (the replicas of a stage taking turns);
     it gets the planner's default instead (``default_microbatches``: the units that fill its
     pipeline, every replica working), unless ``--microbatches`` says otherwise.
@@ -92,6 +93,12 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
             return replace(cfg, microbatches=None), (
                 f"--microbatches {cfg.microbatches} is not used: 1f1b takes an optimizer step after every unit "
                 "(--schedule 1f1b-flush or gpipe accumulates several units per step)"
+            )
+        if cfg.microbatches is None and plan.schedule != "1f1b" and plan.microbatches > 1:
+            # The plan's microbatches do not carry over either: --steps N now trains N units, not N x M.
+            return cfg, (
+                f"--schedule 1f1b on a {plan.schedule} plan of {plan.microbatches} microbatches per step: 1f1b "
+                "takes an optimizer step after every unit, so a step is one unit here (--steps counts units)"
             )
         return cfg, None
     if cfg.microbatches is not None or plan.schedule != "1f1b":

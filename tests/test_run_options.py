@@ -118,6 +118,18 @@ def test_microbatches_on_1f1b_is_not_used_and_said(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_1f1b_on_a_flush_plan_says_that_a_step_is_one_unit(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, schedule="1f1b-flush", microbatches=4)
+    res = CliRunner().invoke(pdrun_main, [str(plan), "--schedule", "1f1b", "--steps", "4", "--no-val", "-q"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["units"] == 4  # not the plan's 4 x 4
+    assert [line for line in res.stderr.splitlines() if "a step is one unit" in line] == [
+        "pdrun: --schedule 1f1b on a 1f1b-flush plan of 4 microbatches per step: 1f1b takes an optimizer step "
+        "after every unit, so a step is one unit here (--steps counts units)"
+    ]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("extra", "units", "note"), [([], 6, True), (["--microbatches", "3"], 9, False)])
 def test_a_flush_schedule_on_a_1f1b_plan_fills_the_pipeline_and_says_so(
     tmp_path: Path, extra: list[str], units: int, note: bool
