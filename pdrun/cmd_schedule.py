@@ -99,6 +99,7 @@ def _given(ctx: click.Context, name: str) -> bool:
 
 def _from_plan(source: str, microbatches: int | None, steps: int) -> ScheduleConfig:
     """What ``pdrun PLAN`` runs, as integers (``pdrun.shape.pipeline_of``'s), the stage DAG traced."""
+    from pdrun.launch import check_schedule_runs
     from pdrun.partition import partition
     from pdrun.plans import traced_for
     from pdrun.shape import units_per_step
@@ -106,6 +107,7 @@ def _from_plan(source: str, microbatches: int | None, steps: int) -> ScheduleCon
     plan = load_plan(source)
     if microbatches is not None:
         plan = plan.model_copy(update={"microbatches": microbatches})
+    check_schedule_runs(plan, source)
     part = partition(traced_for(plan.spec), plan, source)
     workers = len(plan.stages) // plan.virtual_stages
     per_step = units_per_step(plan)  # a step as pdrun counts it

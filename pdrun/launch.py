@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from pdrun import checkpoint, named_sems
 from pdrun.config import RunConfig, resolve_units_per_step
@@ -36,6 +37,7 @@ from pdrun.result import WorkerResult
 from pdrun.shape import chunk_lengths, effective_plan, pipeline_of, segments
 from pdrun.tied import check_ties, find_ties
 from pdrun.transport import launcher_tag, remove_leftovers
+from shared.artifact import validation_error
 from shared.cli import say
 from shared.errors import RunError, UserError
 from shared.plan import Plan
@@ -60,12 +62,33 @@ RUNS = (*SCHEDULES, "2bw", "zb-h1", "interleaved-1f1b", "zb-v")
 
 
 def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
-    """UserError for a schedule that pdplan plans and ``pdrun schedule`` draws but this runtime does not run yet."""
+    """UserError for a schedule that pdplan plans and ``pdrun schedule`` draws but this runtime does not run
+    yet, or that the plan's model chunks per worker (``virtual_stages``) do not fit, named by the plan's field."""
     if plan.schedule not in RUNS:
         raise UserError(
             f"{source}: schedule: pdrun does not run {plan.schedule} yet (it runs {', '.join(RUNS)}); "
             f"`pdrun schedule --schedule {plan.schedule}` draws it, pdplan predicts it; use --schedule 1f1b-flush"
         )
+    v = plan.virtual_stages
+    fits = {"interleaved-1f1b": v >= 2, "zb-v": v == 2}.get(plan.schedule, v == 1)
+    if fits:
+        # The plan was validated for its own schedule; where --schedule changed it, again: interleaved-1f1b
+        # and zb-v place the same chunks on other ranks, and running one's plan as the other deadlocked
+        # (each rank waiting for activations its peer never sends) until the peer timeout.
+        try:
+            Plan.model_validate(plan.model_dump())
+        except ValidationError as exc:
+            raise validation_error(f"{source} (run as {plan.schedule})", exc) from None
+        return
+    wants = {"interleaved-1f1b": "2 or more", "zb-v": "2"}.get(plan.schedule, "1")
+    again = f"plan again with pdplan --schedule {plan.schedule}" + (
+        " --virtual-stages 2" if wants != "1" else ""
+    )
+    raise UserError(
+        f"{source}: virtual_stages: {plan.schedule} runs {wants} model chunk{'s' if wants != '1' else ''} per "
+        f"worker, the plan has {v} ({len(plan.stages)} stages as chunks of {len(plan.stages) // v} workers); "
+        f"{again}, as a plan's stages are its chunks"
+    )
 
 
 def check(

@@ -25,7 +25,7 @@ from pdprof.cli import main as pdprof_main
 from pdrun.cli import main as pdrun_main
 from pdrun.plans import cut_plan
 from shared.errors import UserError
-from shared.plan import save_plan
+from shared.plan import Plan, save_plan
 from tests.test_run_flush import RESMLP
 
 BIN = Path(sys.executable).parent
@@ -304,3 +304,35 @@ def test_a_plan_whose_cluster_is_not_its_ranks_runs_and_says_so(tmp_path: Path) 
     save_plan(plan.model_copy(update={"cluster": None}), path)
     quiet = CliRunner().invoke(pdrun_main, [str(path), "--steps", "1", "--no-val", "-q"])
     assert quiet.exit_code == 0 and "cluster.levels" not in quiet.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_schedule_that_does_not_fit_the_plans_chunks_is_one_line_before_any_worker(tmp_path: Path) -> None:
+    """A hand-edited schedule and an overriding --schedule are checked against the plan's chunk placement:
+    zb-v's V puts chunk 1 of worker 0 at stages[3], interleaved-1f1b at stages[2], and a zb-v plan run as
+    interleaved-1f1b deadlocked until the peer timeout (120 s)."""
+    four = cut_plan(RESMLP, [3, 6, 9], batch_size=16, schedule="1f1b-flush", microbatches=4)
+    stages = [st.model_copy(update={"ranks": [r]}) for st, r in zip(four.stages, [0, 1, 1, 0], strict=True)]
+    zb_v = four.model_copy(
+        update={"schedule": "zb-v", "virtual_stages": 2, "stages": stages, "world_size": 2}
+    )
+    path = tmp_path / "zb-v.json"
+    save_plan(Plan.model_validate(zb_v.model_dump()), path)
+    res = CliRunner().invoke(pdrun_main, [str(path), "--schedule", "interleaved-1f1b", "--steps", "1", "-q"])
+    assert res.exit_code == 2
+    assert _error_lines(res.stderr) == [
+        f"pdrun: error: {path} (run as interleaved-1f1b): stages[2].ranks: rank 1 of stage 2 (layers "
+        "'blocks_0_fc2' .. 'blocks_1_fc1' (3)) also runs stage 1; a rank runs the chunks of one worker stage, chunk c of worker w at "
+        "stages[c * S + w] (stage 2 is chunk 1 of worker stage 0)"
+    ]
+    flat = _plan(tmp_path, schedule="1f1b-flush", microbatches=4)
+    data = json.loads(flat.read_text())
+    edited = _edited(tmp_path, {**data, "schedule": "zb-v"}, data["batch_size"])
+    for argv in ([str(edited)], ["schedule", str(edited)]):
+        res = CliRunner().invoke(pdrun_main, [*argv, "--steps", "1", "-q"] if argv[0] != "schedule" else argv)
+        assert res.exit_code == 2
+        assert _error_lines(res.stderr) == [
+            f"pdrun: error: {edited}: virtual_stages: zb-v runs 2 model chunks per worker, the plan has 1 "
+            "(2 stages as chunks of 2 workers); plan again with pdplan --schedule zb-v --virtual-stages 2, as a "
+            "plan's stages are its chunks"
+        ]
