@@ -70,25 +70,23 @@ def check_schedule_runs(plan: Plan, source: str = "plan") -> None:
             f"`pdrun schedule --schedule {plan.schedule}` draws it, pdplan predicts it; use --schedule 1f1b-flush"
         )
     v = plan.virtual_stages
-    fits = {"interleaved-1f1b": v >= 2, "zb-v": v == 2}.get(plan.schedule, v == 1)
-    if fits:
-        # The plan was validated for its own schedule; where --schedule changed it, again: interleaved-1f1b
-        # and zb-v place the same chunks on other ranks, and running one's plan as the other deadlocked
-        # (each rank waiting for activations its peer never sends) until the peer timeout.
-        try:
-            Plan.model_validate(plan.model_dump())
-        except ValidationError as exc:
-            raise validation_error(f"{source} (run as {plan.schedule})", exc) from None
-        return
-    wants = {"interleaved-1f1b": "2 or more", "zb-v": "2"}.get(plan.schedule, "1")
-    again = f"plan again with pdplan --schedule {plan.schedule}" + (
-        " --virtual-stages 2" if wants != "1" else ""
-    )
-    raise UserError(
-        f"{source}: virtual_stages: {plan.schedule} runs {wants} model chunk{'s' if wants != '1' else ''} per "
-        f"worker, the plan has {v} ({len(plan.stages)} stages as chunks of {len(plan.stages) // v} workers); "
-        f"{again}, as a plan's stages are its chunks"
-    )
+    if not {"interleaved-1f1b": v >= 2, "zb-v": v == 2}.get(plan.schedule, v == 1):
+        wants = {"interleaved-1f1b": "2 or more", "zb-v": "2"}.get(plan.schedule, "1")
+        again = f"plan again with pdplan --schedule {plan.schedule}" + (
+            " --virtual-stages 2" if wants != "1" else ""
+        )
+        raise UserError(
+            f"{source}: virtual_stages: {plan.schedule} runs {wants} model chunk{'s' if wants != '1' else ''} "
+            f"per worker, the plan has {v} ({len(plan.stages)} stages as chunks of {len(plan.stages) // v} "
+            f"workers); {again}, as a plan's stages are its chunks"
+        )
+    # The plan was validated for its own schedule; where --schedule changed it, again: interleaved-1f1b
+    # and zb-v place the same chunks on other ranks, and running one's plan as the other deadlocked
+    # (each rank waiting for activations its peer never sends) until the peer timeout.
+    try:
+        Plan.model_validate(plan.model_dump())
+    except ValidationError as exc:
+        raise validation_error(f"{source} (run as {plan.schedule})", exc) from None
 
 
 def check(

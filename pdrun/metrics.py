@@ -202,6 +202,7 @@ def memory_summary(
     ``pdplan`` predicts a worker's), beside the rank's one measured peak.
     """
     workers = len(plan.stages) // plan.virtual_stages
+    own = _predicted_for(plan, planned) is None  # the run is the one the plan predicts
     peaks: dict[int, float] = {}
     for r in results:
         seen = [row.get("peak_memory_bytes", math.nan) for row in r.rows]
@@ -212,9 +213,7 @@ def memory_summary(
         chunks = sorted(plan.worker_chunks(s)) if plan.virtual_stages > 1 else [s]
         parts = [plan.stages[c].predicted for c in chunks]
         totals = [p.memory.total_bytes for p in parts if p is not None and p.memory is not None]
-        predicted = (
-            sum(totals) if len(totals) == len(chunks) and _predicted_for(plan, planned) is None else None
-        )
+        predicted = sum(totals) if len(totals) == len(chunks) and own else None
         measured = {rank: peaks[rank] for rank in plan.stages[s].ranks if rank in peaks}
         worst = max(measured.values(), default=None)
         entry: dict[str, Any] = {"stage": s}
