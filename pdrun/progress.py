@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from typing import Any
 
 from pdrun.config import RunConfig
 
 RATE_STEPS = 20  # the steps the bar's throughput is taken over
+# Off a terminal (a batch job's log, CI, ``2> run.log``) rich draws the bar once, when the run ends: a
+# 100,000-step run's log said nothing for hours. There the bar also prints a plain line at the first step
+# and then every this many seconds.
+LOG_EVERY_S = 30.0
 
 
 class Progress:
@@ -20,11 +25,16 @@ class Progress:
     figure is the rate over many steps.
     """
 
-    def __init__(self, cfg: RunConfig, show: bool, total: int) -> None:
-        """A bar of ``total`` steps, if ``show`` and ``--quiet`` was not given; it draws from :meth:`start`."""
+    def __init__(self, cfg: RunConfig, show: bool, total: int, log_every_s: float = LOG_EVERY_S) -> None:
+        """A bar of ``total`` steps, if ``show`` and ``--quiet`` was not given; it draws from :meth:`start`.
+
+        Off a terminal it also prints a line at the first step and every ``log_every_s`` seconds after."""
         self.bar: Any = None
         self.task: Any = None
         self.total = total
+        self.done = 0
+        self.log_every_s: float | None = None  # None: on a terminal, where the bar itself redraws
+        self.logged_at = -math.inf
         self.info = ""  # what the bar shows: the last step that had a loss
         self.recent: deque[tuple[float, float]] = deque(maxlen=RATE_STEPS)  # (samples, seconds) a step
         if not (show and cfg.progress):
@@ -43,6 +53,8 @@ class Progress:
             console=rich_console(),
             transient=False,
         )
+        if not self.bar.console.is_terminal:
+            self.log_every_s = log_every_s
 
     def start(self) -> None:
         """Draw from now on (the worker is built: the elapsed time is the run's)."""
@@ -61,6 +73,14 @@ class Progress:
             rate = sum(n for n, _ in self.recent) / max(sum(t for _, t in self.recent), 1e-9)
             self.info = f"loss {row['loss']:.4f}  {rate:.0f} samples/s"
         self.bar.update(self.task, advance=1, info=self.info)
+        self.done += 1
+        now = time.monotonic()
+        if self.log_every_s is not None and now - self.logged_at >= self.log_every_s:
+            self.logged_at = now
+            elapsed = self.bar.tasks[0].elapsed or 0.0
+            self.bar.console.print(
+                f"pdrun: step {self.done:,}/{self.total:,}  {self.info}  {elapsed:.0f} s", markup=False
+            )
 
     def validated(self, entry: dict[str, Any]) -> None:
         """Print one epoch's validation loss and accuracy above the bar."""

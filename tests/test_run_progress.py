@@ -69,3 +69,23 @@ def test_no_bar_under_quiet_or_off_the_drawing_worker() -> None:
         progress.step({"loss": 1.0, "samples_per_s": 1.0})  # nothing to draw on: no error either
         progress.close()
         assert progress.bar is None
+
+
+def test_off_a_terminal_the_bar_prints_a_line_at_the_first_step_and_then_by_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Under pytest stderr is no terminal, as in a batch job's log: rich draws the bar only when it stops,
+    # so without these lines a long run's log said nothing until its end.
+    progress = Progress(RunConfig(progress=True), True, 1000, log_every_s=3600.0)
+    progress.start()
+    try:
+        progress.step({"loss": 2.5, "samples_per_s": 100.0, "wall_s": 1.0})
+        progress.step({"loss": 1.5, "samples_per_s": 100.0, "wall_s": 1.0})
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pdrun: step")]
+        assert lines == [lines[0]] and lines[0].startswith("pdrun: step 1/1,000  loss 2.5000  100 samples/s")
+        progress.log_every_s = 0.0  # every step is due
+        progress.step({"loss": 0.75, "samples_per_s": 100.0, "wall_s": 1.0})
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pdrun: step")]
+        assert len(lines) == 1 and lines[0].startswith("pdrun: step 3/1,000  loss 0.7500"), lines
+    finally:
+        progress.close()
