@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from pdplan.build import PlanConfig, make_plan, over_memory, with_memory
 from pdplan.costs import allreduce_s, data_parallel_time
+from shared.blame import naming_source
 from shared.errors import PlanError, UserError
 from shared.graph import LayerGraph
 from shared.plan import Level, Plan, StagePrediction
@@ -55,7 +56,7 @@ def plan_for(graph: LayerGraph, config: PlanConfig, virtual_stages: int | None =
     plan = make_plan(graph, config)
     if config.schedule == "2bw" and config.microbatches is None:
         plan = plan.model_copy(update={"microbatches": two_bw_microbatches(plan)})
-    _check_schedule(plan)
+    _check_schedule(plan, config)
     return plan
 
 
@@ -91,7 +92,7 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
 
     best = best_chunking(graph, config, v, name, m)
     if best is not None:
-        _check_schedule(best)
+        _check_schedule(best, config)
         return best
     # No split runs and fits: the DP's chunks say why, in the lines below.
     try:
@@ -109,7 +110,7 @@ def make_interleaved_plan(graph: LayerGraph, config: PlanConfig, virtual_stages:
             "lower --virtual-stages or --workers"
         ) from None
     plan = interleave(graph, chunks, config.levels(), v, m, config.straight, schedule=name)
-    _check_schedule(plan)
+    _check_schedule(plan, config)
     if config.memory is not None:
         over = over_memory(plan, config.memory)
         if over is not None:
@@ -221,12 +222,15 @@ def worker_bounds(
     return [max(t, c) for t, c in zip(time, comm, strict=True)]
 
 
-def _check_schedule(plan: Plan) -> None:
-    """ScheduleError (one line, exit 2) when the plan's schedule cannot run on its stages and microbatches."""
+def _check_schedule(plan: Plan, config: PlanConfig) -> None:
+    """ScheduleError (one line, exit 2) when the plan's schedule cannot run on its stages and microbatches,
+    naming ``--microbatches`` where the user gave it."""
     workers = len(plan.stages) // plan.virtual_stages
-    make_pipeline(
-        plan.schedule,
-        [s.replicas for s in plan.stages[:workers]],
-        microbatches=plan.microbatches,
-        chunks=plan.virtual_stages,
-    )
+    given = {} if config.microbatches is None else {"microbatches": config.microbatches}
+    with naming_source(given, None):
+        make_pipeline(
+            plan.schedule,
+            [s.replicas for s in plan.stages[:workers]],
+            microbatches=plan.microbatches,
+            chunks=plan.virtual_stages,
+        )

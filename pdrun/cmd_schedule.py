@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import click
 
+from shared.blame import naming_source
 from shared.cli import console
 from shared.errors import UserError
 from shared.plan import load_plan
@@ -213,11 +214,9 @@ def schedule(
                 f"{given[0]}: the plan {plan_file} sets it; draw without the plan to choose it, or plan again "
                 "with pdplan"
             )
-        _draw(
-            _from_plan(plan_file, microbatches if _given(ctx, "microbatches") else None, steps),
-            detail,
-            as_json,
-        )
+        mine = microbatches if _given(ctx, "microbatches") else None
+        with naming_source({} if mine is None else {"microbatches": mine}, plan_file):
+            _draw(_from_plan(plan_file, mine, steps), detail, as_json)
         return
     reps = _ints(replicas, "--replicas") if replicas else (1,) * (stages if stages is not None else 4)
     if stages is not None and stages != len(reps):
@@ -235,7 +234,8 @@ def schedule(
         in_flight=in_flight,
         chunks=_chunks(schedule_name, virtual_stages),
     )
-    _draw(config, detail, as_json)
+    with naming_source({"microbatches": microbatches, "schedule": schedule_name}, None):
+        _draw(config, detail, as_json)
 
 
 def _draw(config: ScheduleConfig, detail: bool, as_json: bool) -> None:

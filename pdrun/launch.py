@@ -34,10 +34,11 @@ from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.preload import defining_modules, preload_forkserver, start_forkserver
 from pdrun.result import WorkerResult
-from pdrun.shape import chunk_lengths, effective_plan, pipeline_of, segments
+from pdrun.shape import chunk_lengths, effective_plan, overrides, pipeline_of, segments
 from pdrun.tied import check_ties, find_ties
 from pdrun.transport import launcher_tag, remove_leftovers
 from shared.artifact import validation_error
+from shared.blame import naming_source
 from shared.cli import say
 from shared.errors import RunError, UserError
 from shared.plan import Plan
@@ -100,6 +101,8 @@ def check(
     """
     plan = effective_plan(plan, cfg)
     check_schedule_runs(plan, source)
+    with naming_source(overrides(cfg), source):
+        pipeline_of(plan, None)  # microbatches and replicas against the schedule, before the model is built
     check_ranks(plan, world_size, source)
     if plan.spec.model is None:
         raise UserError(f"{source}: spec.model: the plan names no model; make it with pdprof --model SPEC")
@@ -128,7 +131,8 @@ def check(
     check_data(traced, units, plan.spec.loss)  # one batch through the whole model, before any worker
     segs = segments(plan, cfg, units.per_epoch)
     # Every program of the run (its segments cut at checkpoints), each on a bounded window.
-    validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg)))
+    with naming_source(overrides(cfg), source):
+        validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg)))
     return modules
 
 

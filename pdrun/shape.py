@@ -45,6 +45,13 @@ def effective_plan(plan: Plan, cfg: RunConfig) -> Plan:
     return plan.model_copy(update=update) if update else plan
 
 
+def overrides(cfg: RunConfig) -> dict[str, object]:
+    """The plan fields the command line overrode, by the name of both (``--microbatches``, ``--schedule``)."""
+    return {
+        k: v for k, v in (("microbatches", cfg.microbatches), ("schedule", cfg.schedule)) if v is not None
+    }
+
+
 def units_per_step(plan: Plan) -> int:
     """Units in one optimizer step of the run (what ``--steps`` counts).
 
@@ -121,16 +128,18 @@ def chunks(length: int, base: int, every: int) -> Iterator[int]:
         base += n
 
 
-def pipeline_of(plan: Plan, part: Partition) -> Pipeline:
-    """The few integers the plan's schedule generator is computed from."""
+def pipeline_of(plan: Plan, part: Partition | None) -> Pipeline:
+    """The few integers the plan's schedule generator is computed from (``part`` None: the stages taken as a
+    chain, which the launcher checks before it traces the model)."""
     workers = len(plan.stages) // plan.virtual_stages  # interleaved: the stages are the chunks
     # A chunked plan's values go along its chain of chunks, relayed (pdrun.partition): only such edges.
-    assert plan.virtual_stages == 1 or all(b == a + 1 for a, b in part.edges()), sorted(part.edges())
+    edges = None if part is None else sorted(part.edges())
+    assert plan.virtual_stages == 1 or edges is None or all(b == a + 1 for a, b in edges), edges
     return make_pipeline(
         plan.schedule,
         [s.replicas for s in plan.stages[:workers]],
         microbatches=plan.microbatches,
-        stage_edges=sorted(part.edges()) if plan.virtual_stages == 1 else None,
+        stage_edges=edges if plan.virtual_stages == 1 else None,
         in_flight=plan.in_flight if plan.schedule == "1f1b" else None,
         chunks=plan.virtual_stages,
     )

@@ -491,8 +491,8 @@ class TwoBW(_Accumulating):
         m, k = pipe.microbatches, two_bw_depth(pipe)
         if m < k:
             raise ScheduleError(
-                f"microbatches: {self.name} accumulates over at least as many microbatches as units in "
-                f"flight ({k}, the paper's m >= pipeline depth), got {m}; use {k}"
+                f"microbatches: {self.name} accumulates a step over at least as many microbatches as a "
+                f"stage holds units in flight, {k} here (the paper's m >= pipeline depth), got {m}; use {k}"
             )
         for s, n in enumerate(pipe.replicas):
             if m % n:

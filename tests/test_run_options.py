@@ -336,3 +336,20 @@ def test_a_schedule_that_does_not_fit_the_plans_chunks_is_one_line_before_any_wo
             "(2 stages as chunks of 2 workers); plan again with pdplan --schedule zb-v --virtual-stages 2, as a "
             "plan's stages are its chunks"
         ]
+
+
+def test_a_refused_microbatch_count_names_the_plan_file_or_the_option(tmp_path: Path) -> None:
+    # A 2bw plan hand-edited to 1 microbatch, and a good one run with --microbatches 1: the same refusal,
+    # each naming where the 1 came from (before, neither named a file or an option).
+    good = _plan(tmp_path, schedule="2bw", microbatches=2)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**json.loads(good.read_text()), "microbatches": 1}))
+    why = "2bw accumulates a step over at least as many microbatches as a stage holds units in flight, 2 here"
+    for argv, where in (
+        ([str(edited)], f"{edited}: microbatches: "),
+        ([str(good), "--microbatches", "1"], "--microbatches 1: "),
+    ):
+        res = CliRunner().invoke(pdrun_main, [*argv, "--steps", "2", "--no-val", "-q"])
+        assert res.exit_code == 2, res.output
+        assert _error_lines(res.stderr) == [_error_lines(res.stderr)[0]]
+        assert res.stderr.startswith(f"pdrun: error: {where}{why}"), res.stderr

@@ -345,7 +345,10 @@ def test_cli_draws_the_new_schedules() -> None:
         main, ["schedule", "--schedule", "2bw", "--stages", "4", "--microbatches", "2"]
     )
     assert result.exit_code == 2
-    assert "2bw accumulates over at least as many microbatches as units in flight (4" in result.stderr
+    assert (
+        "--microbatches 2: 2bw accumulates a step over at least as many microbatches as a stage holds units in flight, 4 here"
+        in result.stderr
+    )
     result = CliRunner().invoke(main, ["schedule", "--schedule", "zb-h1", "--virtual-stages", "2"])
     assert result.exit_code == 2 and "--virtual-stages is for interleaved-1f1b" in result.stderr
 
