@@ -168,7 +168,7 @@ def plan(
         latencies=None if latency is None else tuple(float(s) for s in _numbers(latency, "--latency", float)),
         blocking_sends=blocks,
     )
-    p = with_simulation(plan_for(g, config, virtual_stages), g)
+    p = with_simulation(plan_for(g, config, virtual_stages), g).with_layout()
     write_output(plan_json(p), out)
     pred = p.predicted
     assert pred is not None

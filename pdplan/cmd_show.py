@@ -118,6 +118,16 @@ def show(plan: str, graph_path: str | None) -> None:
         )
     if p.alternatives:
         console.print(_alternatives(p), width=max(console.width, 132))
+    if p.edited_since_predicted():
+        again = (
+            "below, re-costed"
+            if recosted is not None
+            else f"add --graph GRAPH to re-cost {display_name(plan)}"
+        )
+        console.print(
+            f"[yellow]note[/]: the plan was edited after pdplan predicted it: the predictions above are for the "
+            f"layout pdplan wrote ({again})"
+        )
     if recosted is not None:
         bottleneck, dp_time, simulated = recosted
         speed = f"{dp_time / bottleneck:.2f}x" if bottleneck > 0 else "n/a"

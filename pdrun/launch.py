@@ -29,7 +29,7 @@ from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
 from pdrun.failures import first_failure, signal_name
-from pdrun.notes import cluster_note, two_bw_momentum_note, validation_note
+from pdrun.notes import cluster_note, edited_note, two_bw_momentum_note, validation_note
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.preload import defining_modules, preload_forkserver, start_forkserver
@@ -99,6 +99,7 @@ def check(
     With ``warm``, the forkserver starts importing them as soon as they are known, while the
     trace and the data check run here (for a Hugging Face model, seconds of each).
     """
+    edited = edited_note(plan, source)  # of the plan as written: the options' overrides are said apart
     plan = effective_plan(plan, cfg)
     check_schedule_runs(plan, source)
     with naming_source(overrides(cfg), source):
@@ -117,6 +118,7 @@ def check(
             validation_note(plan, cfg, val_set is not None),
             two_bw_momentum_note(plan, cfg),
             cluster_note(plan, source),
+            edited,
         )
         for note in notes:
             if note:

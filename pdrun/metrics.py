@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from pdrun.notes import EDITED
 from pdrun.result import WorkerResult
 from pdrun.shape import units_per_step
 from pdrun.step_rows import INT_FIELDS
@@ -179,6 +180,8 @@ def transport_of(result: WorkerResult) -> str:
 
 def _predicted_for(plan: Plan, planned: Plan | None) -> str | None:
     """None when the run is the plan's own; else which run the plan's predictions are for."""
+    if (planned or plan).edited_since_predicted():
+        return f"the layout pdplan wrote: {EDITED}; pdplan show PLAN --graph GRAPH predicts this one"
     if planned is None:
         return None
     key = ("schedule", "microbatches", "vertical_sync")

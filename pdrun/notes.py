@@ -59,3 +59,18 @@ def cluster_note(plan: Plan, source: str) -> str | None:
         f"pdrun: note: {source}: {mismatch}; this run has {plan.world_size} ranks and the plan's "
         "predictions are for the cluster (`pdplan validate` refuses such a plan; re-plan, or remove cluster)"
     )
+
+
+EDITED = "the plan was edited after pdplan predicted it"
+
+
+def edited_note(plan: Plan, source: str) -> str | None:
+    """A note for a plan changed by hand since pdplan predicted it (``Plan.edited_since_predicted``): its
+    predictions are for the layout pdplan wrote, so the run's summary leaves them out."""
+    if not plan.edited_since_predicted():
+        return None
+    return (
+        f"pdrun: note: {source}: {EDITED} (its stages, schedule, microbatches or cluster changed); its "
+        f"predictions are for the layout pdplan wrote and the summary leaves them out; `pdplan show {source} "
+        "--graph GRAPH` predicts this one"
+    )

@@ -8,6 +8,7 @@ the graph hash).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -148,6 +149,12 @@ class Prediction(Strict):
     simulated_bubble: float | None = Field(
         default=None, ge=0, le=1, description="idle share of the workers, simulated"
     )
+    layout: str | None = Field(
+        default=None,
+        description="the digest of what pdplan predicted for (Plan.layout_digest: stages, replicas, ranks, "
+        "schedule, microbatches, in-flight, vertical sync, chunks, batch size, cluster); a plan edited by hand "
+        "since no longer matches it, and pdrun and pdplan show then set its predictions aside",
+    )
 
 
 class Alternative(Strict):
@@ -263,6 +270,33 @@ class Plan(Strict):
 
     def _where_text(self) -> str:
         return "c * S + (S - 1 - w if c is odd else w)" if self.vshape else "c * S + w"
+
+    def layout_digest(self) -> str:
+        """A digest of everything the predictions depend on besides the graph (``Prediction.layout``)."""
+        what = {
+            "stages": [[stage.layers, stage.replicas, stage.ranks] for stage in self.stages],
+            "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "in_flight": self.in_flight,
+            "vertical_sync": self.vertical_sync,
+            "virtual_stages": self.virtual_stages,
+            "batch_size": self.batch_size,
+            "cluster": None if self.cluster is None else self.cluster.model_dump(mode="json"),
+        }
+        return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+    def with_layout(self) -> Plan:
+        """This plan with its predictions stamped as made for its present layout (pdplan, when it writes)."""
+        if self.predicted is None:
+            return self
+        return self.model_copy(
+            update={"predicted": self.predicted.model_copy(update={"layout": self.layout_digest()})}
+        )
+
+    def edited_since_predicted(self) -> bool:
+        """Whether the plan was changed after pdplan predicted it (its stamp no longer matches)."""
+        stamp = self.predicted.layout if self.predicted is not None else None
+        return stamp is not None and stamp != self.layout_digest()
 
     @property
     def vshape(self) -> bool:

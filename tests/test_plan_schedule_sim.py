@@ -224,6 +224,23 @@ def test_pdplan_writes_the_simulation_into_the_plan_and_show_recomputes_it(tmp_p
     )
     assert shown.exit_code == 0, shown.output
     assert f"schedule simulated: {p.predicted.simulated_time_per_minibatch_s * 1000:.3f}" in shown.output
+    assert "edited after pdplan predicted it" not in shown.output
+    # pdplan stamps what it predicted for; a layer moved by hand since is said, with or without --graph.
+    assert p.predicted.layout == p.layout_digest() and not p.edited_since_predicted()
+    first, second = p.stages[0], p.stages[1]
+    moved = p.model_copy(
+        update={
+            "stages": [
+                first.model_copy(update={"layers": [*first.layers, second.layers[0]]}),
+                second.model_copy(update={"layers": second.layers[1:]}),
+            ]
+        }
+    )
+    save_plan(moved, tmp_path / "moved.json")
+    for extra in ([], ["--graph", str(tmp_path / "g.json")]):
+        shown = CliRunner().invoke(main, ["show", str(tmp_path / "moved.json"), *extra])
+        assert shown.exit_code == 0, shown.output
+        assert "note: the plan was edited after pdplan predicted it" in shown.output, shown.output
 
 
 def _gpipe_args(graph: Path, out: Path, *extra: str) -> list[str]:

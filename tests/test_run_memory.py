@@ -17,7 +17,7 @@ from pdrun.launch import launch
 from pdrun.metrics import frame, save, summary
 from pdrun.plans import cut_plan
 from shared.graph import LayerGraph, load_graph
-from shared.plan import Cluster, Level
+from shared.plan import Cluster, Level, Prediction
 from shared.spec import RunSpec
 from shared.tables import RUN_METRICS, load_table
 
@@ -81,6 +81,26 @@ def test_two_stage_run_records_peak_memory_near_the_prediction(tmp_path: Path) -
         "1f1b-flush, 4 microbatches: plan again with pdplan --schedule gpipe"
     )
     assert "predicted_for" not in summary(results, plan, plan)
+    # A plan whose layers were moved by hand after pdplan predicted it (its stamp no longer matches)
+    # has no prediction beside the run either: before, its old figures stood there without a word.
+    predicted = Prediction(time_per_minibatch_s=0.01, data_parallel_time_per_minibatch_s=0.02)
+    stamped = plan.model_copy(update={"predicted": predicted}).with_layout()
+    assert "predicted_for" not in summary(results, stamped, stamped)
+    moved = [stamped.stages[0].layers[:-1], [stamped.stages[0].layers[-1], *stamped.stages[1].layers]]
+    edited = stamped.model_copy(
+        update={
+            "stages": [s.model_copy(update={"layers": m}) for s, m in zip(stamped.stages, moved, strict=True)]
+        }
+    )
+    assert edited.edited_since_predicted() and not stamped.edited_since_predicted()
+    stale = summary(results, edited, edited)
+    assert (
+        all(m["predicted_bytes"] is None for m in stale["memory"])
+        and stale["predicted_samples_per_s"] is None
+    )
+    assert stale["predicted_for"].startswith(
+        "the layout pdplan wrote: the plan was edited after pdplan predicted it"
+    )
     # The column round-trips through the metrics file; a file without it (older pdrun) still loads.
     path = tmp_path / "run.parquet"
     save(results, str(path), plan, {})
