@@ -196,6 +196,33 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     assert _shm_names() - links == set()
 
 
+@pytest.mark.timeout(90)
+def test_sigint_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
+    # A script's background job (`pdrun plan.json &`) starts with SIGINT ignored, and the workers inherited
+    # that: `kill -INT` on pdrun then left them training until the launcher's grace ran out (20 s measured).
+    pids_dir = plan3.parent / "pids"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "pdrun"), str(plan3), "--steps", "100000", "-q", "--no-val"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    deadline = time.monotonic() + 60
+    while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # training
+    assert proc.poll() is None, "pdrun ended before it was stopped"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - sent < 10, f"{time.monotonic() - sent:.1f} s from SIGINT to exit"
+    pids = [int(p.read_text()) for p in sorted(pids_dir.glob("rank*.pid"))]
+    assert len(pids) == 3 and [p for p in pids if alive(p)] == []
+
+
 def _shm_names() -> set[str]:
     """The shared-memory files of runs whose launcher is gone: a leak. Another test's run, still going
     beside this one under pytest-xdist, names its files after its live launcher (``-l<pid>-``)."""
