@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from shared.errors import UserError
+from shared.io import is_special
 
 
 def check_outputs(metrics: str | None, trace: str | None, checkpoint_dir: str | None) -> None:
@@ -33,6 +34,10 @@ def _check_file(option: str, target: Path) -> None:
     if not parent.is_dir():
         what = "is not a directory" if parent.exists() else "does not exist"
         raise UserError(f"{option} {target}: directory {parent} {what}; create it or choose another path")
+    if is_special(target):  # a device or named pipe is written into (shared.io), not renamed over
+        if not os.access(target, os.W_OK):
+            raise UserError(f"{option} {target}: cannot write: permission denied")
+        return
     _probe(option, target, parent)
 
 

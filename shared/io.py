@@ -5,11 +5,15 @@ works); its output goes to standard output or to ``-o FILE``. Files are written 
 temporary file beside the target and renamed over it, so a reader never sees half a
 file and a crash never destroys what was there before. The file gets the mode a plain
 ``open()`` would give it (0666 less the umask), so others read a plan as they would any file.
+A target that is not a regular file (``-o /dev/null``, a named pipe) is written into, not
+renamed over: a rename replaced the device node with a file (as root, ``/dev/null`` itself). A
+symbolic link keeps pointing where it did: the file it names is the one replaced.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -60,6 +64,11 @@ def read_text(source: str | os.PathLike[str], what: str) -> str:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
     target = Path(path)
+    if is_special(target):
+        _write_into(target, data)
+        return
+    if target.is_symlink():
+        target = target.resolve()  # replace the file the link names, not the link
     parent = target.parent
     if not parent.is_dir():
         raise UserError(f"{target}: cannot write: directory {parent} does not exist")
@@ -82,6 +91,24 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if isinstance(exc, OSError) and exc.strerror:
             raise UserError(f"{target}: cannot write: {exc.strerror}") from None
         raise
+
+
+def is_special(path: Path) -> bool:
+    """Whether ``path`` exists and is neither a regular file nor a directory: a device, a FIFO, a socket."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _write_into(target: Path, data: bytes) -> None:
+    """Write ``data`` into an existing device or named pipe (a pipe blocks until it has a reader)."""
+    try:
+        with open(target, "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise UserError(f"{target}: cannot write: {exc.strerror or type(exc).__name__}") from None
 
 
 def current_umask() -> int:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from shared.artifact import Writer, dump_json
 from shared.errors import ArtifactError, UserError
 from shared.graph import Edge, LayerGraph, Node, Timing, graph_hash, load_graph, save_graph
-from shared.io import atomic_write_bytes, write_output
+from shared.io import atomic_write_bytes, is_special, write_output
 from shared.plan import (
     Cluster,
     Level,
@@ -505,3 +505,32 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_file(
 def test_writing_over_a_directory_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="cannot write: it is a directory"):
         atomic_write_bytes(tmp_path, b"{}")
+
+
+def test_a_named_pipe_or_device_target_is_written_into_not_replaced(tmp_path: Path) -> None:
+    # `-o /dev/null` as root turned the machine's /dev/null into a regular file: the rename meant for
+    # regular files replaced the device node. A named pipe stands in for it here (no root needed).
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_output('{"a": 1}', fifo)
+    reader.join(timeout=10)
+    assert got == [b'{"a": 1}\n']
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still the pipe
+    assert is_special(
+        Path("/dev/null")
+    )  # the same path (not written here: a regression would break the host)
+
+
+def test_a_symlinked_target_keeps_its_link(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_output("new", link)
+    assert link.is_symlink() and real.read_text() == "new\n"
