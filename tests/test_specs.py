@@ -127,6 +127,14 @@ def test_builtin_losses() -> None:
     assert torch.allclose(cross_entropy(logits, torch.tensor([0, 1])), expected)
     # An auxiliary head (Inception's) adds 0.4 of its own loss.
     assert torch.allclose(cross_entropy((logits, logits), torch.tensor([0, 1])), 1.4 * expected)
+    # Any other second output ((logits, features), as a new user's model returned) is not the loss's: it
+    # was scored as class logits once, silently.
+    features = torch.randn(2, 32, dtype=torch.float64)
+    logits64 = logits.double()
+    assert (
+        cross_entropy((logits64, features), torch.tensor([0, 1])).item()
+        == cross_entropy(logits64, torch.tensor([0, 1])).item()
+    )
     assert isinstance(resolve_loss("torch.nn:MSELoss"), nn.MSELoss)
 
 
