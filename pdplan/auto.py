@@ -20,8 +20,9 @@ instruction lists pdrun executes) chooses among partition x schedule x microbatc
 Candidates are simulated in the order of a lower bound on their time per unit (the
 busiest worker's compute, step and all-reduce per unit, which no schedule beats); once
 that bound exceeds the best simulated time the rest cannot win and are skipped, so the
-choice is that of simulating them all. Ties go to the smaller peak memory, then to the
-earlier candidate.
+choice is that of simulating them all. Times equal to nine significant digits are a tie, which
+goes to a synchronous schedule over ``1f1b`` and ``2bw`` (they train on stale weights), then to the
+smaller peak memory, then to the earlier candidate; pdplan says when it chooses ``1f1b`` or ``2bw``.
 """
 
 from __future__ import annotations
@@ -498,9 +499,41 @@ def _as_chunks(splits: Sequence[Partition], v: int, r: int) -> list[Partition]:
     return [replace(part, ranks=ranks, chunks=v, time_s=None) for part in splits]
 
 
-def _preference(t: Tried) -> tuple[float, float, int]:
-    """How candidates rank, best first: the fastest simulated, then the leanest, then the first tried."""
-    return (t.time_s, t.memory_bytes, t.order)
+# The schedules whose units train on stale weights: PipeDream's 1F1B applies each unit's gradient to
+# weights newer than the ones it used (weight stashing), 2BW each step's one step late. They change what
+# training computes (a new user's ViT under 2bw and Adam stayed at chance where 1f1b-flush reached 95%),
+# so an equally fast synchronous plan wins, and pdplan says when one of these is chosen (asynchronous_note).
+ASYNCHRONOUS = ("1f1b", "2bw")
+# Simulated times that agree to this many significant digits are a tie: a one-stage plan's 2bw and
+# 1f1b-flush simulated 1.8083573759035269 and 1.808357375903527 ms, and the last bit chose between them.
+TIE_DIGITS = 9
+
+
+def _preference(t: Tried) -> tuple[float, bool, float, int]:
+    """How candidates rank, best first: the fastest simulated (to :data:`TIE_DIGITS`), then synchronous
+    before asynchronous, then the leanest, then the first tried."""
+    return (float(f"{t.time_s:.{TIE_DIGITS}g}"), t.plan.schedule in ASYNCHRONOUS, t.memory_bytes, t.order)
+
+
+def asynchronous_note(plan: Plan) -> str | None:
+    """For a searched plan whose schedule trains on stale weights: what that means, and the fastest
+    synchronous runner-up beside it (None for a synchronous or a named schedule)."""
+    if not plan.alternatives or plan.schedule not in ASYNCHRONOUS:
+        return None
+    how = {
+        "1f1b": "each unit's gradient is applied to weights newer than it used (PipeDream's weight stashing)",
+        "2bw": "each step's gradient is applied one step late (PipeDream-2BW)",
+    }[plan.schedule]
+    text = f"{plan.schedule} was chosen: {how}, which some optimizers and learning rates do not tolerate"
+    chosen = plan.alternatives[0].simulated_time_per_minibatch_s
+    sync = next((a for a in plan.alternatives if a.schedule not in ASYNCHRONOUS), None)
+    if sync is None:
+        return text + "; --schedule 1f1b-flush plans synchronous training"
+    slower = sync.simulated_time_per_minibatch_s / chosen - 1 if chosen > 0 else 0.0
+    return (
+        f"{text}; the fastest synchronous plan, {sync.schedule} M={sync.microbatches}, simulates "
+        f"{sync.simulated_time_per_minibatch_s * 1000:.3f} ms/minibatch ({slower:+.1%}; --schedule {sync.schedule} --microbatches {sync.microbatches})"
+    )
 
 
 def best_chunking(

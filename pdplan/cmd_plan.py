@@ -189,6 +189,11 @@ def plan(
     crowded = profiled_alone(g, workers_per_level[0])
     if crowded:
         say(f"pdplan: note: {display_name(graph)}: {crowded}")
+    from pdplan.auto import asynchronous_note  # the search's module, loaded by the plan already
+
+    stale = asynchronous_note(p)
+    if stale:
+        say(f"pdplan: note: {stale}")
     unused = interleaving_passed(p, virtual_stages)
     if unused:
         say(f"pdplan: note: {unused}")
