@@ -12,6 +12,7 @@ from shared.graph import LayerGraph, load_graph
 from shared.host import send_thread_pays
 from shared.io import display_name, write_output
 from shared.malloc import steady_malloc
+from shared.outputs import check_output_file
 from shared.plan import SCHEDULES, Plan, plan_json
 
 
@@ -148,6 +149,7 @@ def plan(
     # faulted in under glibc's default thresholds (a third of the time on a 2,000-layer chain);
     # fixing them is a choice for the whole process, so it is made here, not in the library.
     steady_malloc()
+    check_output_file("-o", out, {"the layer graph": graph})  # before the search: its minutes are not lost
     g = load_graph(graph)
     workers_per_level = tuple(int(w) for w in _numbers(workers, "--workers", int))
     if blocking_sends == "auto":

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from shared.cli import console, parse_kv, rich_console
 from shared.io import write_output
+from shared.outputs import check_output_file
 from shared.spec import RunSpec, TraceOptions
 
 if TYPE_CHECKING:  # types only: their modules import torch, which `pdprof profile --help` must not wait for
@@ -187,6 +188,11 @@ def profile(
         loss=loss,
         trace=TraceOptions(depth=depth, leaf_modules=list(leaf_modules)),
     ).anchored(".")  # file paths recorded absolute: the graph and its plans work from any directory
+    # Before the profile, which takes minutes on a real model: an output it cannot write, or that would
+    # overwrite the model's or the data's own file or the other output, is one line now.
+    sources = {f"the {what} file": text.split(":")[0] for what, text in (("model", model), ("data", data))}
+    check_output_file("-o", out, {**sources, "the --table output": table or "-"})
+    check_output_file("--table", table, sources)
     from pdprof.profiler import ProfileConfig, profile_spec
     from pdprof.report import summary_line
     from shared.graph import graph_json

@@ -151,6 +151,8 @@ def summary(results: list[WorkerResult], plan: Plan, planned: Plan | None = None
     out["predicted_samples_per_s"] = plan.batch_size / simulated if simulated and mismatch is None else None
     if mismatch is not None:
         out["predicted_for"] = mismatch
+    # Present in every summary, null without validation: a script reading s["val_accuracy"] must not fail.
+    out.update(validation=[], val_loss=None, val_accuracy=None)
     if last and last[0].validation:
         per_epoch = []
         for entry in last[0].validation:

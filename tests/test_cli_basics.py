@@ -24,7 +24,9 @@ from click.testing import CliRunner
 from pdplan.cli import main as pdplan_main
 from pdprof.cli import main as pdprof_main
 from pdrun.cli import main as pdrun_main
-from shared.plan import Plan, Stage, StagePrediction
+from pdrun.plans import cut_plan
+from shared.plan import Plan, Stage, StagePrediction, save_plan
+from shared.spec import RunSpec
 from shared.version import __version__
 
 BIN = Path(sys.executable).parent
@@ -260,3 +262,50 @@ def test_debug_is_taken_anywhere_on_the_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "Traceback" in done.stderr and "No such option" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("pdplan: error: ")
+
+
+def test_an_output_that_would_fail_or_overwrite_an_input_is_refused_before_the_work(tmp_path: Path) -> None:
+    # pdprof found a missing -o directory only after profiling (7 s of a small model, minutes of a real
+    # one); pdplan -o graph.json replaced the graph with the plan, pdrun --metrics plan.json the plan with
+    # Parquet, and pdprof -o model.py would have replaced the user's model.
+    model = tmp_path / "m.py"
+    model.write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 2)\n")
+    graph = tmp_path / "graph.json"
+    graph.write_text("{}")
+    plan = tmp_path / "plan.json"
+    save_plan(cut_plan(RunSpec(model="zoo:resmlp", data="zoo:digits"), [], batch_size=8), plan)
+    planned = plan.read_text()
+    prof = ["--model", f"{model}:build", "--data", "zoo:synthetic", "--batch-size", "8"]
+    cases = [
+        (
+            pdprof_main,
+            [*prof, "-o", str(tmp_path / "nodir" / "g.json")],
+            "-o {d}/nodir/g.json: directory {d}/nodir does not exist",
+        ),
+        (
+            pdprof_main,
+            [*prof, "-o", str(model)],
+            "-o {d}/m.py: is the model file, which this would overwrite",
+        ),
+        (
+            pdprof_main,
+            [*prof, "-o", str(tmp_path / "t"), "--table", str(tmp_path / "t")],
+            "-o {d}/t: is the --table output",
+        ),
+        (
+            pdplan_main,
+            [str(graph), "--workers", "2", "--bandwidth", "1e9", "-o", str(graph)],
+            "-o {d}/graph.json: is the layer graph",
+        ),
+        (
+            pdrun_main,
+            [str(plan), "--metrics", str(plan)],
+            "--metrics {d}/plan.json: is the plan, which this would overwrite",
+        ),
+    ]
+    for tool, argv, expected in cases:
+        res = CliRunner().invoke(tool, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and expected.format(d=tmp_path) in lines[0], (argv, res.stderr)
+    assert graph.read_text() == "{}" and "def build" in model.read_text() and plan.read_text() == planned
