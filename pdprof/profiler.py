@@ -42,7 +42,7 @@ from pdprof.sizes import LayerSize, measure_sizes, shape_of
 from pdprof.split_timing import split_after_cut
 from pdprof.timing import LossFn, StepTimes, profiled_step, whole_step
 from pdprof.update import OptimizerName, UpdateTimer, describe
-from shared.batches import gather
+from shared.batches import checked_gather
 from shared.errors import UserError
 from shared.graph import Edge, LayerGraph, Node, Timing
 from shared.highwater import mark, rise
@@ -120,6 +120,11 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
     torch.manual_seed(0)
     model = resolve_model(spec.model, spec.model_args)
     dataset = resolve_dataset(spec.data, spec.data_args)
+    if len(dataset) < config.batch_size:  # pdrun trains on whole batches: it would refuse this one
+        raise UserError(
+            f"--batch-size {config.batch_size}: dataset {spec.data} has {len(dataset)} samples, fewer than one "
+            "batch; pdrun trains on whole batches (lower --batch-size or use more data)"
+        )
     # Keyword samples, the frontend and the example shapes: decided here, recorded in the graph's spec.
     spec, dataset = prepare(spec, model, dataset, config.batch_size)
     config = replace(config, spec=spec)
@@ -137,7 +142,13 @@ def profile_spec(config: ProfileConfig, progress: Progress | None = None) -> Pro
         )
     with siblings(spec, config.batch_size, config.concurrent - 1, config.threads, config.memory_format):
         return profile_model(
-            model, inputs, target, loss_fn, config, progress, data_loader(dataset, config.batch_size)
+            model,
+            inputs,
+            target,
+            loss_fn,
+            config,
+            progress,
+            data_loader(dataset, config.batch_size, f"dataset {spec.data}"),
         )
 
 
@@ -171,14 +182,14 @@ FETCHES: dict[str, tuple[bool, bool]] = {
 }
 
 
-def data_loader(dataset: Any, batch_size: int) -> Callable[[bool, bool], Any]:
+def data_loader(dataset: Any, batch_size: int, name: str = "dataset") -> Callable[[bool, bool], Any]:
     """A batch of random samples as pdrun's workers fetch it (``shared.batches``): ``load(inputs, target)``
-    gathers the parts asked for."""
+    gathers the parts asked for; a sample that fails to read or to stack is a ``DataError`` naming it."""
     generator = torch.Generator().manual_seed(0)
 
     def load(inputs: bool, target: bool) -> Any:
         indices = torch.randint(len(dataset), (batch_size,), generator=generator)
-        return gather(dataset, indices, inputs=inputs, target=target)
+        return checked_gather(dataset, indices, name, inputs=inputs, target=target)
 
     return load
 

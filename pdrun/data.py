@@ -9,13 +9,12 @@ compute the same indices, so they see the same samples without talking.
 from __future__ import annotations
 
 import inspect
-from collections import Counter
 from typing import Any
 
 import torch
 
-from shared.batches import gather
-from shared.errors import DataError, SpecError, UserError
+from shared.batches import checked_gather
+from shared.errors import SpecError, UserError
 from shared.fields import keyword_dataset
 from shared.resolve import resolve_dataset
 from shared.spec import RunSpec
@@ -69,42 +68,7 @@ class Units:
         """(model inputs as a tuple, target) of ``unit``; a part not asked for is ``()`` or None (``shared.batches``).
 
         A batch whose samples differ in shape or dtype raises ``DataError`` naming the odd sample."""
-        indices = self.indices(unit)
-        try:
-            return gather(self.dataset, indices, inputs, target)
-        except Exception:
-            odd = self._odd_sample(unit, indices)
-            if odd is None:
-                raise  # not a batching problem: the dataset's own error, as it raised it
-            raise DataError(odd) from None
-
-    def _odd_sample(self, unit: int, indices: torch.Tensor) -> str | None:
-        """The sample of ``unit`` unlike most of its batch, in words; None when every sample looks alike
-        (or one fails to read: then the dataset's own error is the one to report)."""
-        layouts: dict[int, str] = {}
-        for i in map(int, indices):
-            try:
-                layouts[i] = _layout(self.dataset[i])
-            except Exception:
-                return None
-        common, _ = Counter(layouts.values()).most_common(1)[0]
-        odd = next((i for i, layout in layouts.items() if layout != common), None)
-        if odd is None:
-            return None
-        usual = next(i for i, layout in layouts.items() if layout == common)
-        return (
-            f"{self.name}: sample {odd} (unit {unit}) is {layouts[odd]}, but sample {usual} of the same batch "
-            f"is {common}; every sample needs the same shapes and dtypes"
-        )
-
-
-def _layout(value: Any) -> str:
-    """A sample's structure, shapes and dtypes: what must agree for samples to be stacked."""
-    if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}"
-    if isinstance(value, (tuple, list)):
-        return "(" + ", ".join(_layout(v) for v in value) + ")"
-    return type(value).__name__
+        return checked_gather(self.dataset, self.indices(unit), self.name, f" (unit {unit})", inputs, target)
 
 
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

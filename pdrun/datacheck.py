@@ -24,14 +24,8 @@ def check_data(traced: TracedModel, units: Units, loss: str) -> None:
     """Raise ``DataError`` naming the layer (or the loss) that refuses unit 0's batch."""
     indices = units.indices(0).tolist()
     shown = ", ".join(map(str, indices[:3])) + (", ..." if len(indices) > 3 else "")
-    try:
-        inputs, target = units.batch(0)  # a sample unlike the others is named by Units itself
-    except DataError:
-        raise
-    except Exception as exc:  # the dataset's own code failed
-        raise DataError(
-            f"{units.name}: batch 0 (samples {shown}): reading it failed: {type(exc).__name__}: {_why(exc)}"
-        ) from None
+    # A sample that fails to read, or is unlike the others, is named by Units itself (shared.batches).
+    inputs, target = units.batch(0)
     where = f"{units.name}: batch 0 (samples {shown}; input {describe(inputs)})"
     dtype = next((p.dtype for p in traced.module.parameters() if p.is_floating_point()), torch.float32)
     inputs, target = (

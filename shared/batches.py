@@ -12,10 +12,13 @@ dataset passes on the table of the dataset it wraps, ``shared.fields.KeywordSamp
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset, default_collate
+
+from shared.errors import DataError
 
 
 def gather(
@@ -41,3 +44,47 @@ def gather(
     if not isinstance(got, (tuple, list)):
         got = (got,)
     return tuple(got), labels
+
+
+def checked_gather(
+    dataset: Any, indices: torch.Tensor, name: str, where: str = "", inputs: bool = True, target: bool = True
+) -> tuple[tuple[Any, ...], Any]:
+    """:func:`gather`, with a failure that is the data's said as ``DataError`` naming ``name`` (how messages
+    name the data: ``dataset zoo:digits``) and the sample (``where``: `` (unit 12)``): a sample whose read
+    raises, or one whose shapes or dtypes differ from the rest of its batch (which cannot be stacked)."""
+    try:
+        return gather(dataset, indices, inputs, target)
+    except Exception as exc:
+        odd = _odd_sample(dataset, indices, name, where)
+        if odd is None:
+            raise DataError(f"{name}: a batch{where} failed: {type(exc).__name__}: {exc}") from exc
+        raise DataError(odd) from None
+
+
+def _odd_sample(dataset: Any, indices: torch.Tensor, name: str, where: str) -> str | None:
+    """The sample of the batch that fails to read, or is unlike most of it, in words; None when every
+    sample reads and looks alike."""
+    layouts: dict[int, str] = {}
+    for i in map(int, indices):
+        try:
+            layouts[i] = _layout(dataset[i])
+        except Exception as exc:
+            return f"{name}: sample {i}{where}: reading it raised {type(exc).__name__}: {exc}"
+    common, _ = Counter(layouts.values()).most_common(1)[0]
+    odd = next((i for i, layout in layouts.items() if layout != common), None)
+    if odd is None:
+        return None
+    usual = next(i for i, layout in layouts.items() if layout == common)
+    return (
+        f"{name}: sample {odd}{where} is {layouts[odd]}, but sample {usual} of the same batch "
+        f"is {common}; every sample needs the same shapes and dtypes"
+    )
+
+
+def _layout(value: Any) -> str:
+    """A sample's structure, shapes and dtypes: what must agree for samples to be stacked."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_layout(v) for v in value) + ")"
+    return type(value).__name__

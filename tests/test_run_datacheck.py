@@ -96,7 +96,8 @@ def test_a_dataset_that_cannot_be_read_is_one_line_before_any_worker(tmp_path: P
     )
     code, line = _error(tmp_path, spec, ["blocks_0_fc2"], "--steps", "1")
     assert code == 2 and "worker rank" not in line, line
-    assert f"dataset {spec.data}: batch 0 (samples " in line and "reading it failed: KeyError" in line, line
+    first = Units(resolve_dataset(spec.data or ""), 8, 0).indices(0)[0]  # the first sample it reads
+    assert f"dataset {spec.data}: sample {first} (unit 0): reading it raised KeyError: 'no such row'" in line, line
 
 
 BAD_SAMPLE = """
@@ -130,3 +131,60 @@ def test_a_bad_sample_mid_run_is_named_by_index_on_the_rank_that_fetched_it(tmp_
     assert f"(unit {unit}) is (float32 (63,), int64 ()), but sample " in line, line
     assert "of the same batch is (float32 (64,), int64 ())" in line, line
     assert "stack expects" not in line, line
+
+
+RAISES_AT = """
+import torch
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == {bad}:
+            raise ValueError(f"sample {{i}} is corrupt")
+        return torch.ones(64) * i, i % 10
+
+
+def build():
+    return Data()
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (BAD_SAMPLE.format(bad=37), "sample 37 is (float32 (63,), int64 ()), but sample "),
+        (RAISES_AT.format(bad=37), "sample 37: reading it raised ValueError: sample 37 is corrupt"),
+    ],
+)
+def test_pdprof_names_a_bad_sample_in_one_line(tmp_path: Path, source: str, expected: str) -> None:
+    # pdprof read random batches past the first one and met these as "internal error", exit 1.
+    from pdprof.cli import main as pdprof_main
+
+    (tmp_path / "d.py").write_text(source)
+    data = f"{tmp_path}/d.py:build"
+    args = [
+        "--model",
+        "zoo:resmlp",
+        "--model-arg",
+        "width=16",
+        "--data",
+        data,
+        "--repeats",
+        "8",
+        "--warmup",
+        "2",
+    ]
+    res = CliRunner().invoke(pdprof_main, [*args, "--batch-size", "32", "-o", str(tmp_path / "g.json")])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.stderr.splitlines() if line.startswith("pdprof: error")]
+    assert len(lines) == 1 and lines[0].startswith(f"pdprof: error: dataset {data}: {expected}"), res.stderr
+    # A batch larger than the dataset: pdrun would refuse it, so pdprof does, before profiling.
+    res = CliRunner().invoke(pdprof_main, [*args, "--batch-size", "65"])
+    assert (
+        res.exit_code == 2
+        and "--batch-size 65: dataset " in res.stderr
+        and "64 samples, fewer than one batch" in res.stderr
+    )
