@@ -193,6 +193,11 @@ def plan(
         say(f"pdplan: note: {display_name(graph)}: {crowded}")
     from pdplan.auto import asynchronous_note  # the search's module, loaded by the plan already
 
+    if schedule == "1f1b" and microbatches not in (None, 1):
+        say(
+            f"pdplan: note: --microbatches {microbatches} is not used: 1f1b takes an optimizer step after every "
+            "unit (--schedule 1f1b-flush or gpipe accumulates several units per step)"
+        )
     stale = asynchronous_note(p)
     if stale:
         say(f"pdplan: note: {stale}")

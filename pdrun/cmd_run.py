@@ -18,6 +18,7 @@ from pdrun.config import (
     SendThread,
     Transport,
     resolve_units_per_step,
+    vertical_sync_note,
 )
 from shared.cli import console
 from shared.io import display_name
@@ -231,21 +232,23 @@ def run(
         progress=not quiet,
     )
     cfg, note = resolve_units_per_step(p, cfg)
-    if note:
-        console.print(f"pdrun: {note}", markup=False)
-    if resume and checkpoint_dir:
-        cfg = _resume_from(p, cfg, checkpoint_dir, quiet)
     # Here, not at the top: torch and the runtime load for a run, not for `pdrun run --help`.
     from pdrun import metrics, timeline
-    from pdrun.launch import Nodes, launch
+    from pdrun.launch import Nodes, check_schedule_runs, launch
+    from pdrun.shape import effective_plan
 
+    # A schedule the plan cannot run is refused before any note on how it would have run.
+    check_schedule_runs(effective_plan(p, cfg), display_name(plan))
+    for line in (note, vertical_sync_note(p, cfg)):
+        if line:
+            console.print(f"pdrun: {line}", markup=False)
+    if resume and checkpoint_dir:
+        cfg = _resume_from(p, cfg, checkpoint_dir, quiet)
     results = launch(
         p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan)
     )
     if results is None:
         return  # a worker other than rank 0 under torchrun: rank 0 reports
-    from pdrun.shape import effective_plan
-
     used = effective_plan(p, cfg)
     summary = metrics.summary(results, used, p)
     if metrics_path:

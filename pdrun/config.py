@@ -76,6 +76,23 @@ class RunConfig:
         return lr
 
 
+def article(word: str) -> str:
+    """ "a" or "an" before ``word`` as it is read ("an interleaved-1f1b", "a 1f1b": one)."""
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def vertical_sync_note(plan: Plan, cfg: RunConfig) -> str | None:
+    """``--vertical-sync`` asked of a run whose schedule is not 1f1b: it has nothing to do there (the flush
+    schedules keep one weight version; 2BW its two), so it is said rather than dropped unseen."""
+    schedule = cfg.schedule or plan.schedule
+    if not cfg.vertical_sync or schedule == "1f1b":
+        return None
+    return (
+        f"--vertical-sync is not used: it applies to 1f1b's stashed weight versions, and {schedule} keeps "
+        f"{'two versions, one step apart' if schedule == '2bw' else 'one version'} on every stage"
+    )
+
+
 def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str | None]:
     """``cfg`` with the units per optimizer step settled, and a line saying what was chosen, if anything was.
 
@@ -97,7 +114,8 @@ def resolve_units_per_step(plan: Plan, cfg: RunConfig) -> tuple[RunConfig, str |
         if cfg.microbatches is None and plan.schedule != "1f1b" and plan.microbatches > 1:
             # The plan's microbatches do not carry over either: --steps N now trains N units, not N x M.
             return cfg, (
-                f"--schedule 1f1b on a {plan.schedule} plan of {plan.microbatches} microbatches per step: 1f1b "
+                f"--schedule 1f1b on {article(plan.schedule)} {plan.schedule} plan of {plan.microbatches} "
+                "microbatches per step: 1f1b "
                 "takes an optimizer step after every unit, so a step is one unit here (--steps counts units)"
             )
         return cfg, None

@@ -40,8 +40,8 @@ def effective_plan(plan: Plan, cfg: RunConfig) -> Plan:
         update["schedule"] = cfg.schedule
     if cfg.microbatches is not None:
         update["microbatches"] = cfg.microbatches
-    if cfg.vertical_sync is not None:
-        update["vertical_sync"] = cfg.vertical_sync
+    if cfg.vertical_sync is not None and (cfg.schedule or plan.schedule) == "1f1b":
+        update["vertical_sync"] = cfg.vertical_sync  # elsewhere not used, and said (vertical_sync_note)
     return plan.model_copy(update=update) if update else plan
 
 

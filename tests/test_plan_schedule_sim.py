@@ -311,3 +311,13 @@ def test_a_replicated_workers_all_reduce_is_its_chunks_in_turn() -> None:
     chunked = chunked_costs(costs, 2)
     assert list(chunked.allreduce) == [2.5, 1.25]
     assert list(chunked.step) == [4.0, 6.0]
+
+
+def test_pdplan_says_microbatches_are_not_used_by_1f1b(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    save_graph(chain(4), tmp_path / "g.json")
+    args = ["plan", str(tmp_path / "g.json"), "--workers", "2", "--bandwidth", "1e9", "--schedule", "1f1b"]
+    r = CliRunner().invoke(main, [*args, "--microbatches", "4", "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 0, r.output
+    assert "pdplan: note: --microbatches 4 is not used: 1f1b takes an optimizer step after every unit" in r.stderr
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "q.json")])
+    assert r.exit_code == 0 and "is not used" not in r.stderr

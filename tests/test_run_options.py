@@ -130,6 +130,33 @@ def test_1f1b_on_a_flush_plan_says_that_a_step_is_one_unit(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(120)
+def test_vertical_sync_off_1f1b_is_said_and_no_note_comes_before_a_refusal(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, schedule="1f1b-flush", microbatches=2)
+    res = CliRunner().invoke(pdrun_main, [str(plan), "--vertical-sync", "--steps", "2", "--no-val", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "predicted_for" not in json.loads(res.stdout)  # the run is still the plan's own
+    assert [line for line in res.stderr.splitlines() if "vertical" in line] == [
+        "pdrun: --vertical-sync is not used: it applies to 1f1b's stashed weight versions, and 1f1b-flush keeps "
+        "one version on every stage"
+    ]
+    # A chunked plan run with --schedule 1f1b is refused; the note on how 1f1b would count its steps came
+    # first, for a run that never started.
+    four = cut_plan(RESMLP, [3, 6, 9], batch_size=16, schedule="1f1b-flush", microbatches=4)
+    stages = [st.model_copy(update={"ranks": [r]}) for st, r in zip(four.stages, [0, 1, 0, 1], strict=True)]
+    update = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "stages": stages, "world_size": 2}
+    chunked = tmp_path / "chunked.json"
+    save_plan(Plan.model_validate(four.model_copy(update=update).model_dump()), chunked)
+    res = CliRunner().invoke(
+        pdrun_main, [str(chunked), "--schedule", "1f1b", "--steps", "2", "--no-val", "-q"]
+    )
+    assert res.exit_code == 2
+    assert _error_lines(res.stderr) == [
+        f"pdrun: error: {chunked}: virtual_stages: 1f1b runs 1 model chunk per worker, the plan has 2 (4 stages "
+        "as chunks of 2 workers); plan again with pdplan --schedule 1f1b, as a plan's stages are its chunks"
+    ]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("extra", "units", "note"), [([], 6, True), (["--microbatches", "3"], 9, False)])
 def test_a_flush_schedule_on_a_1f1b_plan_fills_the_pipeline_and_says_so(
     tmp_path: Path, extra: list[str], units: int, note: bool
