@@ -88,7 +88,7 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
     type=click.Choice(COST_MODELS),
     default="pipedream",
     show_default=True,
-    help="The cost model the DP minimises: pipedream (DESIGN.md's, transfers across cuts charged) or "
+    help="The cost model the DP minimises: pipedream (the paper's, with the transfers across cuts charged) or "
     "pipedream-compute (the paper's optimizer's default, transfers not charged).",
 )
 @click.option(

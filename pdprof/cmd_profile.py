@@ -80,7 +80,7 @@ def _progress_bar() -> Iterator[Progress]:
     default="cross_entropy",
     show_default=True,
     metavar="SPEC",
-    help="cross_entropy, mse, or a callable spec loss(output, target).",
+    help="cross_entropy, causal_lm (next-token, labels = inputs), mse, or a callable spec loss(output, target).",
 )
 @click.option(
     "--depth",

@@ -70,7 +70,9 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise SpecError(f"{kind} spec {spec!r}: cannot import module {target!r} ({_why(exc)})") from None
+            raise SpecError(
+                f"{kind} spec {spec!r}: cannot import module {target!r} ({_why(exc)}){_path_hint(target)}"
+            ) from None
         except (Exception, SystemExit) as exc:  # a relative name ('..x'), or a module failing on import
             raise SpecError(f"{kind} spec {spec!r}: cannot import module {target!r}: {_why(exc)}") from None
     obj = getattr(module, attr, None)
@@ -79,6 +81,19 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
     if not callable(obj):
         raise SpecError(f"{kind} spec {spec!r}: {target}.{attr} is not callable")
     return obj  # type: ignore[no-any-return]
+
+
+def _path_hint(target: str) -> str:
+    """Where the module's top package is in this directory but not on the import path (the tools are run
+    as scripts, so the directory is not on it as under ``python -m``): how to reach it."""
+    top = target.split(".")[0]
+    here = Path(top)
+    if not (here.is_dir() or here.with_suffix(".py").is_file()) or any(
+        Path(p or ".").resolve() == Path.cwd().resolve() for p in sys.path
+    ):
+        return ""
+    file = Path(*target.split(".")).with_suffix(".py")
+    return f"; {top} is in this directory, which is not on the import path: run with PYTHONPATH=. or name the file ({file}:...)"
 
 
 def call_with_args(fn: Callable[..., Any], args: dict[str, Any], spec: str, kind: str) -> Any:

@@ -8,6 +8,7 @@ exit, builders that raise, bad keyword arguments) and allows nothing else.
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -292,3 +293,21 @@ def test_keyword_argument_fuzz(pairs: list[str]) -> None:
         assert "expected key=value with a Python name as key" in exc.format_message()
     else:
         assert set(parsed) <= {p.partition("=")[0].strip() for p in pairs}
+
+
+def test_a_package_in_this_directory_but_not_on_the_path_gets_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The README's `--data mypkg.data:make_dataset` failed with "No module named 'mypkg'" for a new user whose
+    # mypkg sat in the directory pdprof ran in: the tools run as scripts, so it is not on the import path.
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "data.py").write_text("def make():\n    return None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and Path(p).resolve() != tmp_path.resolve()])
+    with pytest.raises(SpecError) as err:
+        resolve_dataset("mypkg.data:make")
+    assert str(err.value).endswith(
+        "mypkg is in this directory, which is not on the import path: run with PYTHONPATH=. or name the file "
+        "(mypkg/data.py:...)"
+    ), err.value
