@@ -47,6 +47,7 @@ class Checkpoint:
     path: Path
     step: int
     units: int
+    optimizer: str | None = None  # whose state it holds (None: a checkpoint from before it was recorded)
 
 
 def step_dir(directory: str | Path, step: int) -> Path:
@@ -110,6 +111,7 @@ def commit(
     world_size: int,
     files: list[Written],
     keep: int,
+    optimizer: str | None = None,
 ) -> Path:
     """Mark step ``step``'s checkpoint complete (rank 0, once every rank wrote); prune older ones."""
     path = step_dir(directory, step)
@@ -121,6 +123,7 @@ def commit(
         "stages": stages,
         "world_size": world_size,
         "files": [{"file": w.file, "bytes": w.bytes, "sha256": w.sha256} for w in sorted(files, key=_key)],
+        "optimizer": optimizer,  # whose state the stage files hold: another optimizer cannot load it
     }
     atomic_write_bytes(path / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     _prune(Path(directory), step, keep)
@@ -169,8 +172,10 @@ def latest(
     for step, path in _steps(Path(directory)):
         why = _incomplete(path, step, graph_hash, stages, world_size)
         if why is None:
-            units = json.loads((path / MANIFEST).read_text())["units"]
-            return Checkpoint(path, step, int(units)), skipped
+            manifest = json.loads((path / MANIFEST).read_text())
+            optimizer = manifest.get("optimizer")
+            held = optimizer if isinstance(optimizer, str) else None
+            return Checkpoint(path, step, int(manifest["units"]), held), skipped
         skipped.append(f"{path.name}: {why}")
     return None, skipped
 
@@ -264,11 +269,17 @@ def load_rank(ck: Path, rank: int, device: torch.device) -> int:
 
 
 def resume_point(
-    directory: str, graph_hash: str, stages: int, world_size: int
+    directory: str, graph_hash: str, stages: int, world_size: int, optimizer: str | None = None
 ) -> tuple[Checkpoint, list[str]]:
-    """The checkpoint ``--resume`` starts from; ``UserError`` when there is none."""
+    """The checkpoint ``--resume`` starts from; ``UserError`` when there is none, or when it holds another
+    ``optimizer``'s state (which the workers could not load: KeyError 'momentum' in a worker, once)."""
     ck, skipped = latest(directory, graph_hash, stages, world_size)
     if ck is None:
         why = f" ({'; '.join(skipped)})" if skipped else ""
         raise UserError(f"--resume: no complete checkpoint in {directory}{why}")
+    if optimizer is not None and ck.optimizer is not None and ck.optimizer != optimizer:
+        raise UserError(
+            f"--optimizer {optimizer}: the checkpoint {ck.path} holds {ck.optimizer}'s state; resume with "
+            f"--optimizer {ck.optimizer}"
+        )
     return ck, skipped

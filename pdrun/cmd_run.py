@@ -281,7 +281,7 @@ def _resume_from(plan: Plan, cfg: RunConfig, directory: str, quiet: bool) -> Run
     from pdrun.shape import effective_plan
 
     used = effective_plan(plan, cfg)
-    ck, skipped = resume_point(directory, used.graph_hash, len(used.stages), used.world_size)
+    ck, skipped = resume_point(directory, used.graph_hash, len(used.stages), used.world_size, cfg.optimizer)
     if not quiet or skipped:
         for why in skipped:
             console.print(f"pdrun: skipping incomplete checkpoint {why}")

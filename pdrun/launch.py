@@ -176,7 +176,9 @@ def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
         return cfg
     if not cfg.checkpoint_dir:
         raise UserError("--resume needs --checkpoint-dir")
-    ck, _ = checkpoint.resume_point(cfg.checkpoint_dir, plan.graph_hash, len(plan.stages), plan.world_size)
+    ck, _ = checkpoint.resume_point(
+        cfg.checkpoint_dir, plan.graph_hash, len(plan.stages), plan.world_size, cfg.optimizer
+    )
     return replace(cfg, resume_from=str(ck.path))
 
 

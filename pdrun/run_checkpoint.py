@@ -68,4 +68,5 @@ def write(
             env.world_size,
             [w for got in gathered for w in got],
             cfg.keep,
+            cfg.optimizer,
         )

@@ -235,6 +235,26 @@ def test_a_resumed_run_counts_only_the_steps_and_units_it_trained(tmp_path: Path
         line
     )
     assert sorted(losses(metrics)) == [6, 7]  # the metrics' steps are the training's: they continue from 6
+    # Resumed with another optimizer: its state cannot be loaded (a worker failed with KeyError 'momentum'
+    # once, after the launch); one line naming both, before any worker starts.
+    res = CliRunner().invoke(
+        main,
+        [
+            str(plan),
+            "--no-val",
+            "--steps",
+            "2",
+            "--resume",
+            "--checkpoint-dir",
+            str(ck),
+            "--optimizer",
+            "adam",
+        ],
+    )
+    assert res.exit_code == 2, res.output
+    assert error_lines(res.stderr) == [
+        f"pdrun: error: --optimizer adam: the checkpoint {ck}/step-000008 holds sgd's state; resume with --optimizer sgd"
+    ]
     rate, wall = summary["samples_per_s"], summary["train_s"]
     assert isinstance(rate, float) and isinstance(wall, float)
     assert rate * wall == pytest.approx(2 * M * 8, rel=1e-9)  # 2 steps of M units of batch 8
