@@ -185,6 +185,7 @@ def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
 def _elastic(
     plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int, modules: tuple[str, ...] = ()
 ) -> list[WorkerResult] | None:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -195,7 +196,11 @@ def _elastic(
         backend, configs = "static", {"rank": nodes.node_rank}
     else:
         backend, configs = "c10d", {}
+    # The launcher's log folders (empty: the workers' output is not redirected) go in a folder removed
+    # when the launch ends: by default every run left a /tmp/torchelastic_* folder (3,755 on this host).
+    logdir = tempfile.TemporaryDirectory(prefix="pdrun-logs-")
     config = LaunchConfig(
+        logs_specs=DefaultLogsSpecs(log_dir=logdir.name),
         min_nodes=nodes.nnodes,
         max_nodes=nodes.nnodes,
         nproc_per_node=nproc,
@@ -216,6 +221,7 @@ def _elastic(
         preload_forkserver(modules)
     named_sems.no_named_locks()
     with (
+        logdir,
         tempfile.TemporaryDirectory(prefix="pdrun-err-") as errdir,
         _quiet_launcher(),
         _transport_swept(config.run_id, launcher_tag(os.getpid())),

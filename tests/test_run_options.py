@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,8 +109,11 @@ def test_an_unwritable_checkpoint_dir_is_one_line_from_the_installed_pdrun(tmp_p
 @pytest.mark.timeout(120)
 def test_microbatches_on_1f1b_is_not_used_and_said(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
+    left = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     res = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "4", "--microbatches", "4", "--no-val", "-q"])
     assert res.exit_code == 0, res.output
+    # torch elastic's log folders go in one the run removes: each run left a /tmp/torchelastic_* behind.
+    assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) - left == set()
     assert json.loads(res.stdout)["units"] == 4  # a step per unit, as 1f1b says
     assert [line for line in res.stderr.splitlines() if "--microbatches" in line] == [
         "pdrun: --microbatches 4 is not used: 1f1b takes an optimizer step after every unit "
