@@ -259,6 +259,9 @@ def run(
     rank0 = min(results, key=lambda r: r.rank)
     summary["checkpoint_steps"] = rank0.checkpoints  # complete checkpoints this run wrote
     summary["resumed_from_step"] = rank0.resumed_from
+    over = metrics.over_limit_note(summary)
+    if over:
+        console.print(f"pdrun: {over}", markup=False)
     if not quiet:
         acc = summary.get("val_accuracy")
         n = summary["steps"]

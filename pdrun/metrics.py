@@ -151,6 +151,8 @@ def summary(results: list[WorkerResult], plan: Plan, planned: Plan | None = None
     out["predicted_samples_per_s"] = plan.batch_size / simulated if simulated and mismatch is None else None
     if mismatch is not None:
         out["predicted_for"] = mismatch
+    # The limit the plan was made to fit (pdplan --memory), beside what each worker measured.
+    out["memory_limit_bytes"] = planned_limit(planned or plan)
     # Present in every summary, null without validation: a script reading s["val_accuracy"] must not fail.
     out.update(validation=[], val_loss=None, val_accuracy=None)
     if last and last[0].validation:
@@ -169,6 +171,31 @@ def summary(results: list[WorkerResult], plan: Plan, planned: Plan | None = None
         out["val_loss"] = per_epoch[-1]["val_loss"]
         out["val_accuracy"] = per_epoch[-1]["val_accuracy"]
     return out
+
+
+def planned_limit(plan: Plan) -> float | None:
+    """The memory per worker the plan was made to fit (``pdplan --memory``), None when none was given."""
+    return plan.cluster.memory_bytes if plan.cluster is not None else None
+
+
+def over_limit_note(summary: dict[str, Any]) -> str | None:
+    """A line for a run whose workers measured more than the plan's ``--memory`` limit (None when none did):
+    the plan fitted it by prediction, and a run over it is what the limit was for."""
+    limit = summary.get("memory_limit_bytes")
+    if not limit:
+        return None
+    over = [
+        f"stage {m['stage']} rank {rank} {peak / 1e6:.1f} MB"
+        for m in summary["memory"]
+        for rank, peak in m["measured_bytes"].items()
+        if peak > limit
+    ]
+    if not over:
+        return None
+    return (
+        f"note: measured peak memory over the plan's --memory {limit / 1e6:.1f} MB per worker: {', '.join(over)} "
+        "(the plan fitted it by prediction; the summary's memory entries say by how much that was off)"
+    )
 
 
 def transport_of(result: WorkerResult) -> str:

@@ -135,3 +135,19 @@ def test_an_interleaved_rank_records_its_peak_beside_its_chunks_predicted_sum(tm
         assert set(m["measured_bytes"]) == set(plan.stages[m["stage"]].ranks)
         assert m["predicted_bytes"] == pytest.approx(predicted, rel=1e-12)
         assert LOW <= max(m["measured_bytes"].values()) / predicted <= HIGH, memory
+
+
+def test_a_worker_over_the_plans_memory_limit_is_said() -> None:
+    from pdrun.metrics import over_limit_note
+
+    memory = [
+        {"stage": 0, "measured_bytes": {"0": 50.3e6}},
+        {"stage": 1, "measured_bytes": {"1": 19.0e6, "2": 26.5e6}},
+    ]
+    note = over_limit_note({"memory_limit_bytes": 26e6, "memory": memory})
+    assert note is not None and note.startswith(
+        "note: measured peak memory over the plan's --memory 26.0 MB per worker: stage 0 rank 0 50.3 MB, "
+        "stage 1 rank 2 26.5 MB ("
+    ), note
+    assert over_limit_note({"memory_limit_bytes": 60e6, "memory": memory}) is None
+    assert over_limit_note({"memory_limit_bytes": None, "memory": memory}) is None
