@@ -159,7 +159,10 @@ def test_worker_failure_and_peer_timeout_are_reported_with_the_rank(tmp_path: Pa
     path = _plan(tmp_path, spec)
     res = runner.invoke(main, [str(path), "--steps", "8", "-q"])
     line = _error(res)
-    assert res.exit_code == 1 and "worker rank 0 failed: ValueError: sample" in line and "corrupt" in line
+    # The dataset's own error mid-run is the data's: exit 2, naming the data, the sample and the unit.
+    assert res.exit_code == 2, line
+    assert f"worker rank 0 failed: DataError: dataset {spec.data}: sample " in line, line
+    assert "reading it raised ValueError: sample" in line and "corrupt" in line, line
 
     data = json.loads(path.read_text())
     data["spec"]["data_args"] = {"mode": "hang"}
