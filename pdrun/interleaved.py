@@ -349,6 +349,7 @@ def train_interleaved(
                 save()
     finally:
         progress.close()
+    peak.settle(shown.step_rows)  # rank_rows takes the shown chunk's rows, peak included
     merged = {
         k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
     }

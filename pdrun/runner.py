@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pdrun import run_checkpoint, validation
+from pdrun import peak, run_checkpoint, validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
@@ -159,6 +159,7 @@ def _train(
                 save_checkpoint()
     finally:
         progress.close()
+    peak.settle(worker.step_rows)
     result = WorkerResult(
         rank=env.rank,
         stage=s,
