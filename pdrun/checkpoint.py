@@ -28,7 +28,7 @@ from shared.io import atomic_write_bytes
 
 FORMAT = "pdrun.checkpoint/1"
 MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _steps(directory: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for p in directory.iterdir():
-        m = _STEP_DIR.match(p.name)
+        m = STEP_DIR.match(p.name)
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return sorted(found, reverse=True)

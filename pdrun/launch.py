@@ -143,7 +143,7 @@ def launch(
 ) -> list[WorkerResult] | None:
     """Run ``plan``; returns every rank's result (None on ranks other than 0 under torchrun)."""
     # First, and cheap: a run that cannot write its results must not train for them.
-    check_outputs(cfg.metrics, cfg.trace, cfg.checkpoint_dir, plan=source)
+    check_outputs(cfg.metrics, cfg.trace, cfg.checkpoint_dir, plan=source, resume=cfg.resume)
     cfg, _ = resolve_units_per_step(plan, cfg)  # cmd_run has said what it chose
     if under_torchrun():
         env = DistEnv.from_environ()

@@ -235,6 +235,14 @@ def test_a_resumed_run_counts_only_the_steps_and_units_it_trained(tmp_path: Path
         line
     )
     assert sorted(losses(metrics)) == [6, 7]  # the metrics' steps are the training's: they continue from 6
+    # A fresh run into the same directory is refused: its checkpoints beside these made --resume pick the
+    # higher step of the two runs, silently (a new user's new run of 200 steps resumed the old one's 600).
+    res = CliRunner().invoke(main, [str(plan), "--no-val", "--steps", "2", "--checkpoint-dir", str(ck)])
+    assert res.exit_code == 2, res.output
+    assert error_lines(res.stderr) == [
+        f"pdrun: error: --checkpoint-dir {ck}: holds an earlier run's checkpoints (step-000006, "
+        "step-000008); --resume continues it, or give an empty directory"
+    ]
     # Resumed with another optimizer: its state cannot be loaded (a worker failed with KeyError 'momentum'
     # once, after the launch); one line naming both, before any worker starts.
     res = CliRunner().invoke(
