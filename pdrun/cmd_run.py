@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
@@ -232,6 +233,11 @@ def run(
         progress=not quiet,
     )
     cfg, note = resolve_units_per_step(p, cfg)
+    if nnodes > 1:
+        # Before torch loads: a node that waits for a missing peer has torch's C++ store log each retry with
+        # a 60-frame stack dump on stderr; pdrun says it in one line (launch._not_joined). Set the variable
+        # to see them.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     # Here, not at the top: torch and the runtime load for a run, not for `pdrun run --help`.
     from pdrun import metrics, timeline
     from pdrun.launch import Nodes, check_schedule_runs, launch

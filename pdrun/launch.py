@@ -185,9 +185,11 @@ def resume_config(plan: Plan, cfg: RunConfig) -> RunConfig:
 def _elastic(
     plan: Plan, cfg: RunConfig, nodes: Nodes, nproc: int, modules: tuple[str, ...] = ()
 ) -> list[WorkerResult] | None:
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if nodes.nnodes > 1 and not nodes.rdzv_endpoint:
@@ -207,7 +209,13 @@ def _elastic(
         run_id=f"pdrun-{uuid.uuid4().hex[:8]}" if nodes.nnodes == 1 else "pdrun",
         rdzv_backend=backend,
         rdzv_endpoint=nodes.rdzv_endpoint or "127.0.0.1:0",  # port 0: the store picks a free one
-        rdzv_configs={**configs, "timeout": int(max(cfg.timeout_s, 30))},
+        # static reads "timeout"; c10d "join_timeout" (600 s by default: a missing node was a silent
+        # 10-minute wait whatever --timeout said).
+        rdzv_configs={
+            **configs,
+            "timeout": int(max(cfg.timeout_s, 30)),
+            "join_timeout": int(max(cfg.timeout_s, 5)),
+        },
         max_restarts=0,
         monitor_interval=0.05,
         # [Note: start method] Not fork: the launcher holds threads (the c10d store, rendezvous
@@ -234,6 +242,10 @@ def _elastic(
             )
         except ChildFailedError as exc:
             raise first_failure(Path(errdir), exc) from None
+        except (RendezvousError, DistError) as exc:
+            if nodes.nnodes == 1:
+                raise
+            raise _not_joined(nodes, cfg, exc) from None
         except SignalException as exc:
             # pdrun was told to stop (Ctrl-C, a scheduler's SIGTERM): the launcher has stopped the workers.
             if exc.sigval == signal.SIGINT:
@@ -241,6 +253,24 @@ def _elastic(
             raise Stopped(exc.sigval) from None
     result = out.get(0)
     return list(result) if result is not None else None
+
+
+def _join_timeout(cfg: RunConfig, nodes: Nodes) -> int:
+    """Seconds the nodes have to meet: --timeout, at least 30 under a static rendezvous (--node-rank), whose
+    store torch gives that long, and 5 under c10d."""
+    return int(max(cfg.timeout_s, 30 if nodes.node_rank is not None else 5))
+
+
+def _not_joined(nodes: Nodes, cfg: RunConfig, exc: BaseException) -> RunError:
+    """One line for a multi-node run whose nodes did not all meet (torch says it in a C++ stack dump, or
+    with an empty reason)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    said = type(exc).__name__ + (f": {first}" if first and first != type(exc).__name__ else "")
+    return RunError(
+        f"--nnodes {nodes.nnodes}: the nodes did not all join at {nodes.rdzv_endpoint} within about "
+        f"{_join_timeout(cfg, nodes):g}s ({said}); start pdrun with the same plan and "
+        "--rdzv-endpoint on every node (--node-rank 0 first with --node-rank), or raise --timeout"
+    )
 
 
 def _start_method(cfg: RunConfig) -> str:

@@ -129,3 +129,19 @@ def test_two_launchers_as_two_nodes_train_as_one(
     assert set(summary["transport"].values()) == {"mixed"}  # every rank used both
     assert _losses(tmp_path / "node0.parquet") == _losses(tmp_path / "one.parquet")
     assert len(_losses(tmp_path / "one.parquet")) >= 6  # a loss per step at least: the comparison counts
+
+
+@pytest.mark.timeout(120)
+def test_a_node_whose_peer_never_comes_is_one_line_within_its_timeout(tmp_path: Path) -> None:
+    # c10d's own join timeout (600 s) ruled before: a lone node waited 10 minutes in silence, then said
+    # "internal error: RendezvousTimeoutError" with no reason.
+    plan = tmp_path / "plan.json"
+    save_plan(cut_plan(RESMLP, [6], batch_size=16), plan)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    argv = [str(PDRUN), str(plan), "--nnodes", "2", "--rdzv-endpoint", endpoint, "--timeout", "5", *ARGS]
+    res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=100)
+    assert res.returncode == 1, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"pdrun: error: --nnodes 2: the nodes did not all join at {endpoint} within about 5s (RendezvousTimeoutError"
+    ), res.stderr
