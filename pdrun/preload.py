@@ -18,8 +18,9 @@ from typing import Any
 
 from pdrun.env import under_torchrun
 
-# torch._dynamo: creating an optimizer imports it (seconds); pdrun.runner: the worker itself.
-BASE = ("torch", "torch._dynamo", "pdrun.runner")
+# pdrun.forkserver_quiet first (its doc: Ctrl-C while the forkserver imports torch); torch._dynamo:
+# creating an optimizer imports it (seconds); pdrun.runner: the worker itself.
+BASE = ("pdrun.forkserver_quiet", "torch", "torch._dynamo", "pdrun.runner")
 # torch is in BASE; the standard library costs nothing to import again.
 _NOT_PRELOADED = {"torch", "builtins", *sys.stdlib_module_names}
 # The packages a forkserver preloading BASE holds: ours come with pdrun.runner. A worker that lacks

@@ -223,6 +223,26 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
     assert len(pids) == 3 and [p for p in pids if alive(p)] == []
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("after_s", [0.5, 1.2])
+def test_ctrl_c_while_the_workers_start_is_one_line(plan3: Path, after_s: float) -> None:
+    # Ctrl-C (SIGINT to the whole group) while the forkserver imported torch printed a 25-50 line
+    # KeyboardInterrupt traceback from it, and once a C++ abort (exit 134), after pdrun's own line.
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "pdrun"), str(plan3), "--steps", "100000", "-q", "--no-val"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.setsid()),
+    )
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)  # every writer of the pipe gone: the forkserver too
+    assert proc.returncode == 130, stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == ["pdrun: aborted"], stderr
+
+
 def _shm_names() -> set[str]:
     """The shared-memory files of runs whose launcher is gone: a leak. Another test's run, still going
     beside this one under pytest-xdist, names its files after its live launcher (``-l<pid>-``)."""
