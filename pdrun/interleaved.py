@@ -285,7 +285,9 @@ def train_interleaved(
     segs = segments(plan, cfg, model.units.per_epoch)
     # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.
     last = len(plan.stages) - 1
-    progress = Progress(cfg, plan.chunk_worker(last) == s and replica == 0, segs.steps)
+    progress = Progress(
+        cfg, plan.chunk_worker(last) == s and replica == 0, segs.steps, replicas=plan.stages[last].replicas
+    )
     groups = replica_groups(plan)  # every chunk's, on every rank, before any chunk is built
     taken: set[int] = set()  # the parameters the chunks built so far step (build_worker: one optimizer each)
     chunks = [

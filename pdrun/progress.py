@@ -25,10 +25,15 @@ class Progress:
     figure is the rate over many steps.
     """
 
-    def __init__(self, cfg: RunConfig, show: bool, total: int, log_every_s: float = LOG_EVERY_S) -> None:
+    def __init__(
+        self, cfg: RunConfig, show: bool, total: int, log_every_s: float = LOG_EVERY_S, replicas: int = 1
+    ) -> None:
         """A bar of ``total`` steps, if ``show`` and ``--quiet`` was not given; it draws from :meth:`start`.
 
-        Off a terminal it also prints a line at the first step and every ``log_every_s`` seconds after."""
+        Off a terminal it also prints a line at the first step and every ``log_every_s`` seconds after.
+        The drawing worker is one of its stage's ``replicas``, which share the units: the bar shows the
+        run's rate, its own times that (it showed half the closing line's on a stage of 2 replicas)."""
+        self.replicas = replicas
         self.bar: Any = None
         self.task: Any = None
         self.total = total
@@ -70,7 +75,7 @@ class Progress:
         # per step than the stage has replicas): its row's loss is NaN, and the bar keeps the last real one.
         self.recent.append((row["samples_per_s"] * row["wall_s"], row["wall_s"]))
         if not math.isnan(row["loss"]):
-            rate = sum(n for n, _ in self.recent) / max(sum(t for _, t in self.recent), 1e-9)
+            rate = self.replicas * sum(n for n, _ in self.recent) / max(sum(t for _, t in self.recent), 1e-9)
             self.info = f"loss {row['loss']:.4f}  {rate:.0f} samples/s"
         self.bar.update(self.task, advance=1, info=self.info)
         self.done += 1

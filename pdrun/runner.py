@@ -114,7 +114,7 @@ def _train(
     model = build_model(plan, cfg, device, dtype)
     segs = segments(plan, cfg, model.units.per_epoch)
     show = s == model.part.last and replica == 0  # one worker of the last stage draws the bar
-    progress = Progress(cfg, show, segs.steps)
+    progress = Progress(cfg, show, segs.steps, replicas=plan.stages[s].replicas)
     worker = build_worker(env, plan, cfg, model, (s, replica), transport, dtype, on_step=progress.step)
     stage, part = worker.config.stage, worker.config.part
     val_set = model.val_set
