@@ -278,8 +278,10 @@ def run(
         skipped = metrics.warmup_steps(summary["steps"])
         if skipped:
             line += f" ({summary['steady_samples_per_s'] or 0:.0f} after the first {skipped})"
-        if summary["predicted_samples_per_s"]:
-            line += f", the plan predicted {summary['predicted_samples_per_s']:.0f}"
+        predicted = summary["predicted_samples_per_s"]
+        if predicted:
+            measured = summary["steady_samples_per_s"] or summary["samples_per_s"] or 0.0
+            line += f", the plan predicted {predicted:.0f} (measured / predicted {measured / predicted:.2f})"
         console.print(line + (f", val accuracy {acc:.2%}" if acc is not None else ""))
     click.echo(json.dumps(summary, indent=2, default=str))
 

@@ -202,3 +202,35 @@ def test_under_torchrun_each_process_is_one_worker(tmp_path: Path) -> None:
     assert summary["steps"] == 2 and summary["world_size"] == 2
     df, _ = load_table(tmp_path / "m.parquet", RUN_METRICS)
     assert sorted(set(df["rank"])) == [0, 1]
+
+
+@pytest.mark.timeout(180)
+def test_the_closing_line_sets_the_measured_rate_beside_the_prediction(tmp_path: Path) -> None:
+    # A new user saw "the plan predicted 98029" beside 10,018 measured and no word on how far apart they were.
+    from pdplan.cli import main as pdplan_main
+    from pdprof.cli import main as pdprof_main
+
+    graph, plan = tmp_path / "g.json", tmp_path / "p.json"
+    prof = ["--model", "zoo:resmlp", "--model-arg", "width=32", "--data", "zoo:digits", "--batch-size", "16"]
+    assert CliRunner().invoke(pdprof_main, [*prof, "--repeats", "4", "-o", str(graph)]).exit_code == 0
+    planned = [
+        "--workers",
+        "2",
+        "--bandwidth",
+        "1e9",
+        "--schedule",
+        "1f1b-flush",
+        "--straight",
+        "-o",
+        str(plan),
+    ]
+    assert CliRunner().invoke(pdplan_main, [str(graph), *planned]).exit_code == 0
+    res = CliRunner().invoke(main, [str(plan), "--steps", "20", "--no-val"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    ratio = summary["steady_samples_per_s"] / summary["predicted_samples_per_s"]
+    [line] = [ln for ln in res.stderr.splitlines() if " steps of " in ln]
+    assert (
+        f", the plan predicted {summary['predicted_samples_per_s']:.0f} (measured / predicted {ratio:.2f})"
+        in line
+    )
