@@ -321,3 +321,16 @@ def test_pdplan_says_microbatches_are_not_used_by_1f1b(tmp_path) -> None:  # typ
     assert "pdplan: note: --microbatches 4 is not used: 1f1b takes an optimizer step after every unit" in r.stderr
     r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 0 and "is not used" not in r.stderr
+
+
+def test_pdplan_says_when_one_worker_alone_is_predicted_faster(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The demo's 2-worker plan for a slow link simulated slower than one worker, and only its "speedup over
+    # data parallelism" was said.
+    save_graph(chain(4), tmp_path / "g.json")
+    args = ["plan", str(tmp_path / "g.json"), "--workers", "2", "--straight", "--schedule", "1f1b"]
+    slow = CliRunner().invoke(main, [*args, "--bandwidth", "1e5", "-o", str(tmp_path / "slow.json")])
+    assert slow.exit_code == 0, slow.output
+    [note] = [line for line in slow.stderr.splitlines() if "one worker alone" in line]
+    assert note.startswith("pdplan: note: one worker alone is predicted faster: ") and "on 2 workers" in note
+    fast = CliRunner().invoke(main, [*args, "--bandwidth", "1e12", "-o", str(tmp_path / "fast.json")])
+    assert fast.exit_code == 0 and "one worker alone" not in fast.stderr
