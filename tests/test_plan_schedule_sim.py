@@ -318,7 +318,10 @@ def test_pdplan_says_microbatches_are_not_used_by_1f1b(tmp_path) -> None:  # typ
     args = ["plan", str(tmp_path / "g.json"), "--workers", "2", "--bandwidth", "1e9", "--schedule", "1f1b"]
     r = CliRunner().invoke(main, [*args, "--microbatches", "4", "-o", str(tmp_path / "p.json")])
     assert r.exit_code == 0, r.output
-    assert "pdplan: note: --microbatches 4 is not used: 1f1b takes an optimizer step after every unit" in r.stderr
+    assert (
+        "pdplan: note: --microbatches 4 is not used: 1f1b takes an optimizer step after every unit"
+        in r.stderr
+    )
     r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 0 and "is not used" not in r.stderr
 

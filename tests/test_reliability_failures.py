@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,19 +197,30 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     assert _shm_names() - links == set()
 
 
+def _long_run(plan: Path, preexec: Callable[[], object]) -> subprocess.Popen[str]:
+    """The installed pdrun on ``plan`` for 100,000 steps, its stderr piped, ``preexec`` run in its process."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "pdrun"), str(plan), "--steps", "100000", "-q", "--no-val"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=preexec,
+    )
+
+
+def _own_group_taking_sigint() -> None:
+    """As a terminal's job: its own process group, SIGINT at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.setsid()
+
+
 @pytest.mark.timeout(90)
 def test_sigint_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
     # A script's background job (`pdrun plan.json &`) starts with SIGINT ignored, and the workers inherited
     # that: `kill -INT` on pdrun then left them training until the launcher's grace ran out (20 s measured).
     pids_dir = plan3.parent / "pids"
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "pdrun"), str(plan3), "--steps", "100000", "-q", "--no-val"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
+    proc = _long_run(plan3, lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 60
     while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -228,14 +240,7 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
 def test_ctrl_c_while_the_workers_start_is_one_line(plan3: Path, after_s: float) -> None:
     # Ctrl-C (SIGINT to the whole group) while the forkserver imported torch printed a 25-50 line
     # KeyboardInterrupt traceback from it, and once a C++ abort (exit 134), after pdrun's own line.
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "pdrun"), str(plan3), "--steps", "100000", "-q", "--no-val"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.setsid()),
-    )
+    proc = _long_run(plan3, _own_group_taking_sigint)
     time.sleep(after_s)
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)  # every writer of the pipe gone: the forkserver too

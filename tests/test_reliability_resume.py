@@ -212,20 +212,8 @@ def test_a_resumed_run_counts_only_the_steps_and_units_it_trained(tmp_path: Path
     plan, ck = make_plan(tmp_path, "1f1b-flush"), tmp_path / "ck"
     train(plan, "--steps", "6", "--checkpoint-dir", str(ck), "--checkpoint-every", "3")
     metrics = tmp_path / "resumed.parquet"
-    res = CliRunner().invoke(
-        main,
-        [
-            str(plan),
-            "--no-val",
-            "--steps",
-            "2",
-            "--resume",
-            "--checkpoint-dir",
-            str(ck),
-            "--metrics",
-            str(metrics),
-        ],
-    )
+    resume = [str(plan), "--no-val", "--steps", "2", "--resume", "--checkpoint-dir", str(ck)]
+    res = CliRunner().invoke(main, [*resume, "--metrics", str(metrics)])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["resumed_from_step"] == 6 and summary["steps"] == 2
@@ -245,20 +233,7 @@ def test_a_resumed_run_counts_only_the_steps_and_units_it_trained(tmp_path: Path
     ]
     # Resumed with another optimizer: its state cannot be loaded (a worker failed with KeyError 'momentum'
     # once, after the launch); one line naming both, before any worker starts.
-    res = CliRunner().invoke(
-        main,
-        [
-            str(plan),
-            "--no-val",
-            "--steps",
-            "2",
-            "--resume",
-            "--checkpoint-dir",
-            str(ck),
-            "--optimizer",
-            "adam",
-        ],
-    )
+    res = CliRunner().invoke(main, [*resume, "--optimizer", "adam"])
     assert res.exit_code == 2, res.output
     assert error_lines(res.stderr) == [
         f"pdrun: error: --optimizer adam: the checkpoint {ck}/step-000008 holds sgd's state; resume with --optimizer sgd"

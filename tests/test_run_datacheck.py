@@ -97,7 +97,9 @@ def test_a_dataset_that_cannot_be_read_is_one_line_before_any_worker(tmp_path: P
     code, line = _error(tmp_path, spec, ["blocks_0_fc2"], "--steps", "1")
     assert code == 2 and "worker rank" not in line, line
     first = Units(resolve_dataset(spec.data or ""), 8, 0).indices(0)[0]  # the first sample it reads
-    assert f"dataset {spec.data}: sample {first} (unit 0): reading it raised KeyError: 'no such row'" in line, line
+    assert (
+        f"dataset {spec.data}: sample {first} (unit 0): reading it raised KeyError: 'no such row'" in line
+    ), line
 
 
 BAD_SAMPLE = """
