@@ -338,6 +338,7 @@ def train_interleaved(
             for units in cut_at(length, base, every):
                 program = worker_program(schedule, pipe, (s, replica), units)
                 run_chunks(chunks, shared, program, s, pipe, base, events, tied)
+                peak.settle(shown.step_rows)  # rank_rows takes the shown chunk's rows; before validation
                 base += units
                 if cfg.checkpoint_dir and every and base % every == 0 and base < end:
                     save()  # the segment's end checkpoints after validation, below
@@ -351,7 +352,6 @@ def train_interleaved(
                 save()
     finally:
         progress.close()
-    peak.settle(shown.step_rows)  # rank_rows takes the shown chunk's rows, peak included
     merged = {
         k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
     }

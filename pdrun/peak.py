@@ -14,7 +14,8 @@ One tracker per process (a worker is a process), so the worker's builder starts 
 reads it at every step without threading it through their constructors. On CPU a read is a read of
 ``/proc/self/status`` (about 60 us): 12% of a small model's 0.5 ms steps, so a step within
 :data:`READ_EVERY_S` of the last read shows that read's figure. The mark only rises, so a row lags at
-most that long behind, and :func:`settle` reads the last row afresh: the run's peak is exact.
+most that long behind, and :func:`settle` reads the last row of each program afresh (before the
+checkpoint and validation that may follow it, which no step row ever counted): the run's peak is exact.
 """
 
 from __future__ import annotations

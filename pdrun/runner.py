@@ -145,6 +145,7 @@ def _train(
                     checked.add(schedule.window(pipe, chunk))
                 # This rank's own instructions, generated as they run.
                 worker.run(worker_program(schedule, pipe, (s, replica), chunk), base)
+                peak.settle(worker.step_rows)  # before checkpointing and validation, as each step's row was
                 base += chunk
                 every = segs.units_per_step * (cfg.checkpoint_every or 0)
                 # The segment's end checkpoints after validation, below.
@@ -159,7 +160,6 @@ def _train(
                 save_checkpoint()
     finally:
         progress.close()
-    peak.settle(worker.step_rows)
     result = WorkerResult(
         rank=env.rank,
         stage=s,
