@@ -213,8 +213,8 @@ def _elastic(
         # 10-minute wait whatever --timeout said).
         rdzv_configs={
             **configs,
-            "timeout": int(max(cfg.timeout_s, 30)),
-            "join_timeout": int(max(cfg.timeout_s, 5)),
+            "timeout": _join_timeout(cfg, static=True),
+            "join_timeout": _join_timeout(cfg, static=False),
         },
         max_restarts=0,
         monitor_interval=0.05,
@@ -255,10 +255,10 @@ def _elastic(
     return list(result) if result is not None else None
 
 
-def _join_timeout(cfg: RunConfig, nodes: Nodes) -> int:
+def _join_timeout(cfg: RunConfig, static: bool) -> int:
     """Seconds the nodes have to meet: --timeout, at least 30 under a static rendezvous (--node-rank), whose
     store torch gives that long, and 5 under c10d."""
-    return int(max(cfg.timeout_s, 30 if nodes.node_rank is not None else 5))
+    return int(max(cfg.timeout_s, 30 if static else 5))
 
 
 def _not_joined(nodes: Nodes, cfg: RunConfig, exc: BaseException) -> RunError:
@@ -268,7 +268,7 @@ def _not_joined(nodes: Nodes, cfg: RunConfig, exc: BaseException) -> RunError:
     said = type(exc).__name__ + (f": {first}" if first and first != type(exc).__name__ else "")
     return RunError(
         f"--nnodes {nodes.nnodes}: the nodes did not all join at {nodes.rdzv_endpoint} within about "
-        f"{_join_timeout(cfg, nodes):g}s ({said}); start pdrun with the same plan and "
+        f"{_join_timeout(cfg, static=nodes.node_rank is not None):g}s ({said}); start pdrun with the same plan and "
         "--rdzv-endpoint on every node (--node-rank 0 first with --node-rank), or raise --timeout"
     )
 

@@ -37,7 +37,6 @@ class Progress:
         self.bar: Any = None
         self.task: Any = None
         self.total = total
-        self.done = 0
         self.log_every_s: float | None = None  # None: on a terminal, where the bar itself redraws
         self.logged_at = -math.inf
         self.info = ""  # what the bar shows: the last step that had a loss
@@ -78,13 +77,13 @@ class Progress:
             rate = self.replicas * sum(n for n, _ in self.recent) / max(sum(t for _, t in self.recent), 1e-9)
             self.info = f"loss {row['loss']:.4f}  {rate:.0f} samples/s"
         self.bar.update(self.task, advance=1, info=self.info)
-        self.done += 1
         now = time.monotonic()
         if self.log_every_s is not None and now - self.logged_at >= self.log_every_s:
             self.logged_at = now
-            elapsed = self.bar.tasks[0].elapsed or 0.0
+            task = self.bar.tasks[0]
             self.bar.console.print(
-                f"pdrun: step {self.done:,}/{self.total:,}  {self.info}  {elapsed:.0f} s", markup=False
+                f"pdrun: step {int(task.completed):,}/{self.total:,}  {self.info}  {task.elapsed or 0.0:.0f} s",
+                markup=False,
             )
 
     def validated(self, entry: dict[str, Any]) -> None:

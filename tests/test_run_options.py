@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from pdplan.cli import main as pdplan_main
 from pdprof.cli import main as pdprof_main
@@ -36,6 +36,18 @@ def _plan(tmp_path: Path, **kwargs: object) -> Path:
     path = tmp_path / "plan.json"
     save_plan(cut_plan(RESMLP, [6], batch_size=16, **kwargs), path)  # type: ignore[arg-type]
     return path
+
+
+def _ran(plan: Path, *args: str) -> Result:
+    """``pdrun PLAN ARGS --no-val -q`` in process, which must succeed."""
+    res = CliRunner().invoke(pdrun_main, [str(plan), *args, "--no-val", "-q"])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def _said(stderr: str, text: str) -> list[str]:
+    """The lines of ``stderr`` that contain ``text``."""
+    return [line for line in stderr.splitlines() if text in line]
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -110,12 +122,11 @@ def test_an_unwritable_checkpoint_dir_is_one_line_from_the_installed_pdrun(tmp_p
 def test_microbatches_on_1f1b_is_not_used_and_said(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     left = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
-    res = CliRunner().invoke(pdrun_main, [str(plan), "--steps", "4", "--microbatches", "4", "--no-val", "-q"])
-    assert res.exit_code == 0, res.output
+    res = _ran(plan, "--steps", "4", "--microbatches", "4")
     # torch elastic's log folders go in one the run removes: each run left a /tmp/torchelastic_* behind.
     assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) - left == set()
     assert json.loads(res.stdout)["units"] == 4  # a step per unit, as 1f1b says
-    assert [line for line in res.stderr.splitlines() if "--microbatches" in line] == [
+    assert _said(res.stderr, "--microbatches") == [
         "pdrun: --microbatches 4 is not used: 1f1b takes an optimizer step after every unit "
         "(--schedule 1f1b-flush or gpipe accumulates several units per step)"
     ]
@@ -124,10 +135,9 @@ def test_microbatches_on_1f1b_is_not_used_and_said(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_1f1b_on_a_flush_plan_says_that_a_step_is_one_unit(tmp_path: Path) -> None:
     plan = _plan(tmp_path, schedule="1f1b-flush", microbatches=4)
-    res = CliRunner().invoke(pdrun_main, [str(plan), "--schedule", "1f1b", "--steps", "4", "--no-val", "-q"])
-    assert res.exit_code == 0, res.output
+    res = _ran(plan, "--schedule", "1f1b", "--steps", "4")
     assert json.loads(res.stdout)["units"] == 4  # not the plan's 4 x 4
-    assert [line for line in res.stderr.splitlines() if "a step is one unit" in line] == [
+    assert _said(res.stderr, "a step is one unit") == [
         "pdrun: --schedule 1f1b on a 1f1b-flush plan of 4 microbatches per step: 1f1b takes an optimizer step "
         "after every unit, so a step is one unit here (--steps counts units)"
     ]
@@ -136,10 +146,9 @@ def test_1f1b_on_a_flush_plan_says_that_a_step_is_one_unit(tmp_path: Path) -> No
 @pytest.mark.timeout(120)
 def test_vertical_sync_off_1f1b_is_said_and_no_note_comes_before_a_refusal(tmp_path: Path) -> None:
     plan = _plan(tmp_path, schedule="1f1b-flush", microbatches=2)
-    res = CliRunner().invoke(pdrun_main, [str(plan), "--vertical-sync", "--steps", "2", "--no-val", "-q"])
-    assert res.exit_code == 0, res.output
+    res = _ran(plan, "--vertical-sync", "--steps", "2")
     assert "predicted_for" not in json.loads(res.stdout)  # the run is still the plan's own
-    assert [line for line in res.stderr.splitlines() if "vertical" in line] == [
+    assert _said(res.stderr, "vertical") == [
         "pdrun: --vertical-sync is not used: it applies to 1f1b's stashed weight versions, and 1f1b-flush keeps "
         "one version on every stage"
     ]
