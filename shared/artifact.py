@@ -144,9 +144,13 @@ def check_format(data: Any, source: str, expected: str) -> None:
 
 
 def validate_data(cls: type[A], data: Any, source: str) -> A:
-    """Validate parsed JSON against ``cls``, or raise one ``ArtifactError``."""
+    """Validate parsed JSON against ``cls``, or raise one ``ArtifactError``.
+
+    Strictly: a hand-edited ``"batch_size": "64"`` or ``"replicas": true`` is refused, not read as 64
+    or 1 (pydantic's lax mode would coerce both without a word); a whole number is still a valid float.
+    """
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, strict=True)
     except ValidationError as exc:
         raise validation_error(source, exc) from None
 

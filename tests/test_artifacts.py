@@ -474,6 +474,36 @@ def test_the_documented_error_lines_are_what_users_see(tmp_path: Path, edit: Any
     assert line.split(": ", 1)[1] in DOC.read_text()  # the page shows the same message
 
 
+@pytest.mark.parametrize(
+    ("edit", "line"),
+    [
+        (lambda d: d.update(batch_size="64"), "batch_size: Input should be a valid integer (got '64')"),
+        (lambda d: d.update(microbatches=4.0), "microbatches: Input should be a valid integer (got 4.0)"),
+        (
+            lambda d: d["stages"][0].update(replicas=True),
+            "stages[0].replicas: Input should be a valid integer (got true)",
+        ),
+        (
+            lambda d: d.update(vertical_sync="yes"),
+            "vertical_sync: Input should be a valid boolean (got 'yes')",
+        ),
+    ],
+)
+def test_a_hand_edit_of_the_wrong_type_is_refused_not_coerced(tmp_path: Path, edit: Any, line: str) -> None:
+    # Lax validation read "64" as 64 and true as 1 replica without a word: the plan that ran was not the
+    # file's. A whole number in a float field stays valid (JSON writers differ on 1 vs 1.0).
+    doc = json.loads(DOC.read_text().split("```json\n")[2].split("```")[0])
+    doc["cluster"]["levels"][0]["bandwidth"] = 1000000000
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    assert load_plan(path).cluster is not None
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError) as info:
+        load_plan(path)
+    assert str(info.value) == f"{path}: {line}"
+
+
 def test_nan_in_a_graph_is_named(tmp_path: Path) -> None:
     data = _minimal_graph()
     data["nodes"][0]["forward_ms"] = math.nan

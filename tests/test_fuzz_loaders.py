@@ -804,7 +804,7 @@ def test_an_output_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
             json.dumps({**_PLAN_DOCS[0], "batch_size": 7})
             .replace('"batch_size": 7', '"batch_size": 1e999')
             .encode(),
-            "batch_size: Input should be a finite number (got Infinity)",
+            "batch_size: Input should be a valid integer (got Infinity)",  # an integer field, strictly
         ),
         (b"\xef\xbb\xbf{}", "format: required field is missing"),  # a byte-order mark is skipped
         (b"", "empty input"),
