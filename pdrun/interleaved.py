@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from pdrun import peak, run_checkpoint, validation
+from pdrun import peak, run_checkpoint, stopped, validation
 from pdrun.build_worker import build_model, build_worker, replica_groups
 from pdrun.config import RunConfig
 from pdrun.data import Units
@@ -282,7 +282,8 @@ def train_interleaved(
     part = model.part
     val_units = validation.units(model.val_set, plan, cfg)
     shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
-    segs = segments(plan, cfg, model.units.per_epoch)
+    per_epoch = model.units.per_epoch
+    segs = segments(plan, cfg, per_epoch)
     # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.
     last = len(plan.stages) - 1
     progress = Progress(
@@ -331,6 +332,36 @@ def train_interleaved(
         run_checkpoint.write(env, cfg, plan, held, replica, step, base, shown.steps, comm.device)
         written.append(step)
 
+    def report() -> WorkerResult:
+        """What this rank measured: at the end, or so far when the run is stopped (pdrun.stopped)."""
+        return WorkerResult(
+            rank=env.rank,
+            stage=plan.worker_chunks(s)[
+                c_shown
+            ],  # the shown chunk's stage: the summary takes the loss from the last stage
+            replica=replica,
+            steps=shown.run_steps,
+            units=base,
+            updates=shown.steps,
+            wall_s=time.perf_counter() - t_start,
+            rows=rank_rows(chunks, shown),
+            events=events or [],
+            validation=done,
+            checkpoints=written,
+            resumed_from=resumed,
+            params={
+                k: p.detach().cpu().clone()
+                for w in chunks
+                for k, p in w.config.stage.module.named_parameters()
+            }
+            if cfg.record
+            else {},
+            send_thread=comm.poster is not None,
+            links=dict(comm.used),
+            replica_sum=comm.summed,
+            tie_sum=comm.tie_summed,
+        )
+
     progress.start()
     try:
         for epoch, length in enumerate(segs.lengths):
@@ -344,38 +375,20 @@ def train_interleaved(
                     save()  # the segment's end checkpoints after validation, below
             if val_units is not None and (segs.epochs or epoch == len(segs.lengths) - 1):
                 entry = validation.entry(
-                    shown, validate_chunks(chunks, shared, val_units, (s, replica), pipe), epoch
+                    shown,
+                    validate_chunks(chunks, shared, val_units, (s, replica), pipe),
+                    segs.epoch_at(base, per_epoch),
                 )
                 done.append(entry)
                 progress.validated(entry)
             if cfg.checkpoint_dir:
                 save()
+    except BaseException:
+        stopped.keep(report())  # the steps so far, if the run was stopped (pdrun.runner._train says why)
+        raise
     finally:
         progress.close()
-    merged = {
-        k: p.detach().cpu().clone() for w in chunks for k, p in w.config.stage.module.named_parameters()
-    }
-    result = WorkerResult(
-        rank=env.rank,
-        stage=plan.worker_chunks(s)[
-            c_shown
-        ],  # the shown chunk's stage: the summary takes the loss from the last stage
-        replica=replica,
-        steps=shown.run_steps,
-        units=base,
-        updates=shown.steps,
-        wall_s=time.perf_counter() - t_start,
-        rows=rank_rows(chunks, shown),
-        events=events or [],
-        validation=done,
-        checkpoints=written,
-        resumed_from=resumed,
-        params=merged if cfg.record else {},
-        send_thread=comm.poster is not None,
-        links=dict(comm.used),
-        replica_sum=comm.summed,
-        tie_sum=comm.tie_summed,
-    )
+    result = report()
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
     return [r for r in gathered if isinstance(r, WorkerResult)] if env.rank == 0 else None

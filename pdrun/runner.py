@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pdrun import peak, run_checkpoint, validation
+from pdrun import peak, run_checkpoint, stopped, validation
 from pdrun.build_worker import build_model, build_worker
 from pdrun.config import RunConfig
 from pdrun.data import Units
@@ -118,6 +118,7 @@ def _train(
     worker = build_worker(env, plan, cfg, model, (s, replica), transport, dtype, on_step=progress.step)
     stage, part = worker.config.stage, worker.config.part
     val_set = model.val_set
+    per_epoch = model.units.per_epoch
     del model  # what is left of it: this rank keeps its stage
     base, resumed = run_checkpoint.resume_point(cfg)
     val_units = validation.units(val_set, plan, cfg)
@@ -133,6 +134,32 @@ def _train(
         held = [(s, stage.module, worker.config.optimizer)]
         run_checkpoint.write(env, cfg, plan, held, replica, step, base, worker.steps, device)
         written.append(step)
+
+    def report() -> WorkerResult:
+        """What this rank measured: at the end, or so far when the run is stopped (pdrun.stopped)."""
+        return WorkerResult(
+            rank=env.rank,
+            stage=s,
+            replica=replica,
+            steps=worker.run_steps,
+            units=base,
+            updates=worker.steps,
+            wall_s=time.perf_counter() - t_start,
+            rows=worker.step_rows,
+            events=worker.events if cfg.trace else [],
+            validation=passes,
+            versions=worker.version_log,
+            max_versions=worker.config.versions.max_held,
+            params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()}
+            if cfg.record
+            else {},
+            checkpoints=written,
+            resumed_from=resumed,
+            send_thread=transport.poster is not None,
+            links=dict(transport.used),
+            replica_sum=transport.summed,
+            tie_sum=transport.tie_summed,
+        )
 
     progress.start()
     try:
@@ -153,36 +180,19 @@ def _train(
                     save_checkpoint()
             last = epoch == len(segs.lengths) - 1
             if val_units is not None and (segs.epochs or last):
-                entry = _validate(worker, val_units, pipe, epoch)
+                entry = _validate(worker, val_units, pipe, segs.epoch_at(base, per_epoch))
                 passes.append(entry)
                 progress.validated(entry)
             if cfg.checkpoint_dir:
                 save_checkpoint()
+    except BaseException:
+        # The steps so far, for the launcher to write if the run was stopped (pdrun.stopped): not only on
+        # the signal's own exception, since a rank blocked in a receive unwinds by its peer's going first.
+        stopped.keep(report())
+        raise
     finally:
         progress.close()
-    result = WorkerResult(
-        rank=env.rank,
-        stage=s,
-        replica=replica,
-        steps=worker.run_steps,
-        units=base,
-        updates=worker.steps,
-        wall_s=time.perf_counter() - t_start,
-        rows=worker.step_rows,
-        events=worker.events if cfg.trace else [],
-        validation=passes,
-        versions=worker.version_log,
-        max_versions=worker.config.versions.max_held,
-        params={n: p.detach().cpu().clone() for n, p in stage.module.named_parameters()}
-        if cfg.record
-        else {},
-        checkpoints=written,
-        resumed_from=resumed,
-        send_thread=transport.poster is not None,
-        links=dict(transport.used),
-        replica_sum=transport.summed,
-        tie_sum=transport.tie_summed,
-    )
+    result = report()
     gathered: list[Any] = [None] * env.world_size if env.rank == 0 else []
     dist.gather_object(result, gathered if env.rank == 0 else None, dst=0)
     return [r for r in gathered if isinstance(r, WorkerResult)] if env.rank == 0 else None
@@ -201,6 +211,7 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     # shell ignores it there, and the forkserver keeps what it inherited), so `kill -INT` on pdrun took 20 s
     # to end the run where it takes 0.4 s with Python's own handler back in place.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    stopped.arm(errdir)  # SIGTERM unwinds the worker too, and what it trained is kept (pdrun.stopped)
     if cfg.launcher_pid is not None:
         # Killed with SIGKILL, the launcher cannot sweep what the transport left of its node: its orphans do.
         run_id = os.environ.get("TORCHELASTIC_RUN_ID")
@@ -209,6 +220,11 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     try:
         plan = Plan.model_validate_json(plan_json)
         return train(env, plan, replace(cfg), errdir)
+    except stopped.STOPS as exc:
+        # Stopped by the signal the launcher got: it says so in one line, so no traceback from every worker
+        # (multiprocessing prints one for any exception but SystemExit); the shell's status for the signal.
+        record_failure(errdir, env.rank, exc)
+        raise SystemExit(128 + stopped.signal_of(exc)) from None
     except BaseException as exc:
         record_failure(errdir, env.rank, exc)
         raise

@@ -32,6 +32,14 @@ class Segments:
         """The optimizer steps this invocation runs (after a resume: on top of the checkpoint's)."""
         return sum(self.lengths) // self.units_per_step
 
+    def epoch_at(self, end: int, per_epoch: int) -> int:
+        """The epoch a validation pass after global unit ``end`` closes, counted from the first run, not
+        from a ``--resume`` (whose segments restart at 0): with ``--epochs``, the run's epoch segments
+        (whole steps of an epoch, so a label per pass even where ``per_epoch`` is not a whole number of
+        steps); with ``--steps``, the data's epoch (``per_epoch`` units) of the last unit trained."""
+        span = self.lengths[0] if self.epochs else per_epoch
+        return max(0, end - 1) // max(1, span)
+
 
 def effective_plan(plan: Plan, cfg: RunConfig) -> Plan:
     """The plan with the command line's overrides applied (schedule, microbatches, vertical sync)."""

@@ -241,3 +241,20 @@ def test_a_resumed_run_counts_only_the_steps_and_units_it_trained(tmp_path: Path
     rate, wall = summary["samples_per_s"], summary["train_s"]
     assert isinstance(rate, float) and isinstance(wall, float)
     assert rate * wall == pytest.approx(2 * M * 8, rel=1e-9)  # 2 steps of M units of batch 8
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_run_labels_its_validation_by_the_training_epoch(tmp_path: Path) -> None:
+    # One epoch, then one more resumed: the second pass is epoch 1, as in a run of two epochs (it said 0
+    # again, the resumed run's first segment). A --steps run's pass names the data's epoch it reached.
+    plan, ck = make_plan(tmp_path, "1f1b-flush"), tmp_path / "ck"
+
+    def validated(*args: str) -> list[int]:
+        res = CliRunner().invoke(main, [str(plan), "-q", "--checkpoint-dir", str(ck), *args])
+        assert res.exit_code == 0, res.output
+        return [entry["epoch"] for entry in json.loads(res.stdout)["validation"]]
+
+    assert validated("--epochs", "1") == [0]
+    assert validated("--epochs", "2", "--resume") == [1, 2]
+    per_epoch = 1438 // 8 // M  # zoo:digits' 1,438 training samples: 89 steps of M units of 8
+    assert validated("--steps", str(per_epoch), "--resume") == [3]
