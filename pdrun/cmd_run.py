@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,8 @@ from shared.io import display_name
 from shared.plan import SCHEDULES, Plan, load_plan
 
 if TYPE_CHECKING:
+    from pdrun.result import WorkerResult
+    from pdrun.stopped import Stopped
     from shared.layout import MemoryFormat
 
 
@@ -239,9 +242,9 @@ def run(
         # to see them.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     # Here, not at the top: torch and the runtime load for a run, not for `pdrun run --help`.
-    from pdrun import metrics, timeline
     from pdrun.launch import Nodes, check_schedule_runs, launch
     from pdrun.shape import effective_plan
+    from pdrun.stopped import Stopped
 
     # A schedule the plan cannot run is refused before any note on how it would have run.
     check_schedule_runs(effective_plan(p, cfg), display_name(plan))
@@ -250,25 +253,57 @@ def run(
             console.print(f"pdrun: {line}", markup=False)
     if resume and checkpoint_dir:
         cfg = _resume_from(p, cfg, checkpoint_dir, quiet)
-    results = launch(
-        p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan)
-    )
+    try:
+        results = launch(
+            p, cfg, Nodes(nnodes, node_rank, rdzv_endpoint, nproc_per_node), source=display_name(plan)
+        )
+    except Stopped as exc:
+        # What the workers trained before the signal: written as a finished run's, then the signal's exit.
+        if exc.results:
+            _report(exc.results, p, cfg, quiet, stopped_by=exc)
+        if exc.signum == signal.SIGINT:
+            raise KeyboardInterrupt from None  # "pdrun: aborted", 130, as Ctrl-C anywhere else
+        raise
     if results is None:
         return  # a worker other than rank 0 under torchrun: rank 0 reports
+    _report(results, p, cfg, quiet)
+
+
+def _report(
+    results: list[WorkerResult], p: Plan, cfg: RunConfig, quiet: bool, stopped_by: Stopped | None = None
+) -> None:
+    """Write the run's metrics and trace, say how it went on stderr and print its summary on stdout."""
+    from pdrun import metrics, timeline
+    from pdrun.failures import signal_name
+    from pdrun.shape import effective_plan
+
     used = effective_plan(p, cfg)
     summary = metrics.summary(results, used, p)
-    if metrics_path:
-        metrics.save(results, metrics_path, used, asdict(cfg))
-    if trace_path:
-        timeline.save(results, trace_path)
-    summary["artifacts"] = {"metrics": metrics_path, "trace": trace_path, "checkpoints": checkpoint_dir}
+    if cfg.metrics:
+        metrics.save(results, cfg.metrics, used, asdict(cfg))
+    if cfg.trace:
+        timeline.save(results, cfg.trace)
+    summary["artifacts"] = {"metrics": cfg.metrics, "trace": cfg.trace, "checkpoints": cfg.checkpoint_dir}
     rank0 = min(results, key=lambda r: r.rank)
     summary["checkpoint_steps"] = rank0.checkpoints  # complete checkpoints this run wrote
     summary["resumed_from_step"] = rank0.resumed_from
+    # A stopped run's figures are those of the steps every worker finished; null for a finished run.
+    summary["stopped_by"] = signal_name(stopped_by.signum) if stopped_by is not None else None
+    summary["ranks_reported"] = sorted(r.rank for r in results)
     over = metrics.over_limit_note(summary)
     if over:
         console.print(f"pdrun: {over}", markup=False)
-    if not quiet:
+    if stopped_by is not None:
+        outputs = (("metrics", cfg.metrics), ("trace", cfg.trace))
+        kept = ", ".join(f"{what} in {path}" for what, path in outputs if path)
+        missing = len(results) < used.world_size
+        console.print(
+            f"pdrun: stopped by {signal_name(stopped_by.signum)} after {summary['steps']} steps"
+            + (f"; their {kept}" if kept else "")
+            + (f" (ranks {summary['ranks_reported']} of {used.world_size} reported)" if missing else ""),
+            markup=False,
+        )
+    elif not quiet:
         acc = summary.get("val_accuracy")
         n = summary["steps"]
         line = f"pdrun: {n} step{'s' if n != 1 else ''} of {used.schedule} on {used.world_size} workers"

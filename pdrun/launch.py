@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -23,18 +22,19 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from pdrun import checkpoint, named_sems
+from pdrun import checkpoint, named_sems, stopped
 from pdrun.config import RunConfig, resolve_units_per_step
 from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
 from pdrun.env import DistEnv, under_torchrun
-from pdrun.failures import first_failure, signal_name
+from pdrun.failures import first_failure
 from pdrun.notes import cluster_note, edited_note, two_bw_momentum_note, validation_note
 from pdrun.outputs import check_outputs
 from pdrun.partition import check_ranks, partition
 from pdrun.preload import defining_modules, preload_forkserver, start_forkserver
 from pdrun.result import WorkerResult
-from pdrun.shape import chunk_lengths, effective_plan, overrides, pipeline_of, segments
+from pdrun.shape import chunk_lengths, effective_plan, overrides, pipeline_of, segments, units_per_step
+from pdrun.stopped import Stopped
 from pdrun.tied import check_ties, find_ties
 from pdrun.transport import launcher_tag, remove_leftovers
 from shared.artifact import validation_error
@@ -247,10 +247,10 @@ def _elastic(
                 raise
             raise _not_joined(nodes, cfg, exc) from None
         except SignalException as exc:
-            # pdrun was told to stop (Ctrl-C, a scheduler's SIGTERM): the launcher has stopped the workers.
-            if exc.sigval == signal.SIGINT:
-                raise KeyboardInterrupt from None
-            raise Stopped(exc.sigval) from None
+            # pdrun was told to stop (Ctrl-C, a scheduler's SIGTERM): the launcher has stopped the workers,
+            # and each left what it trained (pdrun.stopped), for cmd_run to write.
+            ups = units_per_step(effective_plan(plan, cfg))
+            raise Stopped(exc.sigval, stopped.kept(errdir, ups)) from None
     result = out.get(0)
     return list(result) if result is not None else None
 
@@ -288,14 +288,6 @@ def _transport_swept(run_id: str, node: str) -> Iterator[None]:
         yield
     finally:
         remove_leftovers(run_id, node)
-
-
-class Stopped(RunError):
-    """pdrun ended by a signal; its exit status is the shell's for that signal (143 for SIGTERM)."""
-
-    def __init__(self, signum: int) -> None:
-        self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal_name(signum)}; every worker was stopped")
 
 
 @contextmanager

@@ -8,6 +8,7 @@ inherits a unique marker in its environment, which is how the test finds any tha
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from pdrun.faults import FAULT_ENV, Fault
@@ -27,6 +29,7 @@ from pdrun.transport.shm import SHM_DIR
 from shared.errors import UserError
 from shared.plan import save_plan
 from shared.spec import RunSpec
+from shared.tables import RUN_METRICS, load_table
 
 # Each worker builds the dataset (the launcher too, checking the plan, without RANK): recording the
 # pid there tells the test which processes were workers.
@@ -167,8 +170,9 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     mark = uuid.uuid4().hex
     links = _shm_names()
     pdrun = Path(sys.executable).parent / "pdrun"
+    metrics = plan3.parent / "m.parquet"
     proc = subprocess.Popen(
-        [str(pdrun), str(plan3), "--steps", "1000", "-q", "--no-val"],
+        [str(pdrun), str(plan3), "--steps", "100000", "-q", "--no-val", "--metrics", str(metrics)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -178,13 +182,15 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     deadline = time.monotonic() + 60
     while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(1.0)  # training
+    time.sleep(1.5)  # training
     assert proc.poll() is None, "pdrun ended before it was stopped"
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=30)
+    stdout, stderr = proc.communicate(timeout=30)
     if sig == signal.SIGTERM:
         assert proc.returncode == 143
         assert error_lines(stderr) == ["pdrun: error: stopped by SIGTERM; every worker was stopped"], stderr
+        assert "Traceback" not in stderr, stderr
+        _kept_what_it_trained(json.loads(stdout), metrics, "SIGTERM", stderr)
     else:
         assert proc.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 10
@@ -195,6 +201,17 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     assert marked_processes(mark) == []
     # SIGKILL: the launcher could not sweep the run's shared-memory links; its orphaned workers did.
     assert _shm_names() - links == set()
+
+
+def _kept_what_it_trained(summary: dict[str, Any], metrics: Path, sig: str, stderr: str) -> None:
+    """A stopped run's summary and metrics: the steps every worker finished, each rank's row of each."""
+    steps = summary["steps"]
+    assert summary["stopped_by"] == sig and summary["ranks_reported"] == [0, 1, 2], summary
+    assert steps >= 1 and summary["final_loss"] is not None and summary["samples"] == steps * 2 * 16
+    df, _ = load_table(metrics, RUN_METRICS)
+    assert sorted(df["step"].unique()) == list(range(steps))
+    assert (df.groupby("step")["rank"].apply(sorted) == pd.Series([[0, 1, 2]] * steps)).all()
+    assert f"pdrun: stopped by {sig} after {steps} steps; their metrics in {metrics}" in stderr, stderr
 
 
 def _long_run(plan: Path, preexec: Callable[[], object]) -> subprocess.Popen[str]:
@@ -233,6 +250,33 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
     assert time.monotonic() - sent < 10, f"{time.monotonic() - sent:.1f} s from SIGINT to exit"
     pids = [int(p.read_text()) for p in sorted(pids_dir.glob("rank*.pid"))]
     assert len(pids) == 3 and [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_keeps_the_metrics_of_the_steps_trained(plan3: Path) -> None:
+    # A terminal's Ctrl-C: SIGINT to pdrun and every worker at once. Each worker unwinds and leaves its rows
+    # for the launcher (pdrun/stopped.py); before, they died with them: no metrics, no summary.
+    metrics = plan3.parent / "m.parquet"
+    pdrun = str(Path(sys.executable).parent / "pdrun")
+    proc = subprocess.Popen(
+        [pdrun, str(plan3), "--steps", "100000", "-q", "--no-val", "--metrics", str(metrics)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=_own_group_taking_sigint,
+    )
+    pids_dir = plan3.parent / "pids"
+    deadline = time.monotonic() + 60
+    while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.5)  # training
+    assert proc.poll() is None, "pdrun ended before it was stopped"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == "pdrun: aborted" and "Traceback" not in stderr, stderr
+    _kept_what_it_trained(json.loads(stdout), metrics, "SIGINT", stderr)
 
 
 @pytest.mark.timeout(120)
