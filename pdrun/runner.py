@@ -11,7 +11,6 @@ measured. A failure is recorded for the launcher on its way out (``pdrun/failure
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -209,9 +208,8 @@ def worker_entry(plan_json: str, cfg: RunConfig, errdir: str | None) -> list[Wor
     # The launcher stops its workers with the signal it got (torch elastic forwards SIGINT, then waits
     # 30 s before SIGKILL). A worker started from a script's background job inherits SIGINT ignored (the
     # shell ignores it there, and the forkserver keeps what it inherited), so `kill -INT` on pdrun took 20 s
-    # to end the run where it takes 0.4 s with Python's own handler back in place.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    stopped.arm(errdir)  # SIGTERM unwinds the worker too, and what it trained is kept (pdrun.stopped)
+    # to end the run where it takes 0.4 s with a handler in place.
+    stopped.arm(errdir)  # SIGINT and SIGTERM unwind the worker, and what it trained is kept (pdrun.stopped)
     if cfg.launcher_pid is not None:
         # Killed with SIGKILL, the launcher cannot sweep what the transport left of its node: its orphans do.
         run_id = os.environ.get("TORCHELASTIC_RUN_ID")

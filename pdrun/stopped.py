@@ -60,13 +60,24 @@ def signal_of(stop: BaseException) -> int:
 
 
 def arm(folder: str | None) -> None:
-    """In a worker: a SIGTERM unwinds it, and :func:`keep` writes into ``folder`` (None: nowhere; under
-    torchrun there is no launcher of ours to read it)."""
+    """In a worker: SIGINT and SIGTERM unwind it (:data:`STOPS`), and :func:`keep` writes into ``folder``
+    (None: nowhere; under torchrun there is no launcher of ours to read it).
+
+    Only the first: Ctrl-C reaches a worker twice, from the terminal and again from the launcher, and the
+    second, landing while the first unwinds, cut short the building of what it keeps (rank 0 kept nothing
+    in one run in three of the test). A worker that stops is on its way out; the launcher's SIGKILL after
+    its grace still ends one that hangs there.
+    """
     _folder[:] = [folder] if folder is not None else []
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Stopping(signum)
 
+    signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
 
 
