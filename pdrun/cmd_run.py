@@ -23,10 +23,13 @@ from pdrun.config import (
     vertical_sync_note,
 )
 from shared.cli import console
+from shared.errors import UserError
 from shared.io import display_name
 from shared.plan import SCHEDULES, Plan, load_plan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pdrun.result import WorkerResult
     from pdrun.stopped import Stopped
     from shared.layout import MemoryFormat
@@ -279,11 +282,23 @@ def _report(
 
     used = effective_plan(p, cfg)
     summary = metrics.summary(results, used, p)
-    if cfg.metrics:
-        metrics.save(results, cfg.metrics, used, asdict(cfg))
-    if cfg.trace:
-        timeline.save(results, cfg.trace)
-    summary["artifacts"] = {"metrics": cfg.metrics, "trace": cfg.trace, "checkpoints": cfg.checkpoint_dir}
+    # A file that cannot be written (a full disk, after hours of training) still leaves the summary on
+    # stdout and the other file written; its one line comes last, with the write's exit status.
+    unwritten: list[UserError] = []
+    artifacts: dict[str, str | None] = {"metrics": cfg.metrics, "trace": cfg.trace}
+    writers: dict[str, Callable[[str], None]] = {
+        "metrics": lambda path: metrics.save(results, path, used, asdict(cfg)),
+        "trace": lambda path: timeline.save(results, path),
+    }
+    for name, write in writers.items():
+        path = artifacts[name]
+        if path:
+            try:
+                write(path)
+            except UserError as exc:
+                unwritten.append(exc)
+                artifacts[name] = None
+    summary["artifacts"] = {**artifacts, "checkpoints": cfg.checkpoint_dir}
     rank0 = min(results, key=lambda r: r.rank)
     summary["checkpoint_steps"] = rank0.checkpoints  # complete checkpoints this run wrote
     summary["resumed_from_step"] = rank0.resumed_from
@@ -319,6 +334,8 @@ def _report(
             line += f", the plan predicted {predicted:.0f} (measured / predicted {measured / predicted:.2f})"
         console.print(line + (f", val accuracy {acc:.2%}" if acc is not None else ""))
     click.echo(json.dumps(summary, indent=2, default=str))
+    if unwritten:
+        raise unwritten[0]
 
 
 def _resume_from(plan: Plan, cfg: RunConfig, directory: str, quiet: bool) -> RunConfig:

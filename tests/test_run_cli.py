@@ -234,3 +234,38 @@ def test_the_closing_line_sets_the_measured_rate_beside_the_prediction(tmp_path:
         f", the plan predicted {summary['predicted_samples_per_s']:.0f} (measured / predicted {ratio:.2f})"
         in line
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_at_the_end_still_prints_the_summary_and_writes_what_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The metrics cannot be written (the disk filled during the run): before, the error ended pdrun there,
+    # and the summary and the trace after it were lost with the run's figures.
+    import errno
+
+    from shared import tables
+    from shared.io import atomic_write_bytes
+
+    plan = _plan(tmp_path)
+    metrics, trace = tmp_path / "m.parquet", tmp_path / "t.json"
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def full(path: str, data: bytes) -> None:  # the Parquet write only; the trace's goes through
+        with monkeypatch.context() as m:
+            m.setattr(os, "fsync", no_space)
+            write(path, data)
+
+    write = atomic_write_bytes
+    monkeypatch.setattr(tables, "atomic_write_bytes", full)
+    res = CliRunner().invoke(
+        main, [str(plan), "--steps", "2", "-q", "--no-val", "--metrics", str(metrics), "--trace", str(trace)]
+    )
+    assert res.exit_code == 2, res.output
+    assert _error(res) == f"pdrun: error: {metrics}: cannot write: No space left on device"
+    summary = json.loads(res.stdout)
+    assert summary["steps"] == 2 and summary["final_loss"] is not None
+    assert summary["artifacts"]["metrics"] is None and summary["artifacts"]["trace"] == str(trace)
+    assert json.loads(trace.read_text())["traceEvents"] and not metrics.exists()
