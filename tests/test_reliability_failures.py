@@ -169,21 +169,9 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     # cannot, so each worker notices its launcher is gone and stops itself (pdrun/orphan.py).
     mark = uuid.uuid4().hex
     links = _shm_names()
-    pdrun = Path(sys.executable).parent / "pdrun"
     metrics = plan3.parent / "m.parquet"
-    proc = subprocess.Popen(
-        [str(pdrun), str(plan3), "--steps", "100000", "-q", "--no-val", "--metrics", str(metrics)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", MARK: mark},
-    )
+    proc = _training(plan3, metrics, {MARK: mark})
     pids_dir = plan3.parent / "pids"
-    deadline = time.monotonic() + 60
-    while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.5)  # training
-    assert proc.poll() is None, "pdrun ended before it was stopped"
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=30)
     if sig == signal.SIGTERM:
@@ -201,6 +189,28 @@ def test_stopping_pdrun_itself_stops_every_worker(plan3: Path, sig: signal.Signa
     assert marked_processes(mark) == []
     # SIGKILL: the launcher could not sweep the run's shared-memory links; its orphaned workers did.
     assert _shm_names() - links == set()
+
+
+def _training(
+    plan: Path, metrics: Path, env: dict[str, str] | None = None, preexec: Callable[[], object] | None = None
+) -> subprocess.Popen[str]:
+    """The installed pdrun on ``plan`` for 100,000 steps, its outputs piped, once its 3 workers train."""
+    pdrun = str(Path(sys.executable).parent / "pdrun")
+    proc = subprocess.Popen(
+        [pdrun, str(plan), "--steps", "100000", "-q", "--no-val", "--metrics", str(metrics)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        preexec_fn=preexec,
+    )
+    pids_dir = plan.parent / "pids"
+    deadline = time.monotonic() + 60
+    while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.5)  # training
+    assert proc.poll() is None, "pdrun ended before it was stopped"
+    return proc
 
 
 def _kept_what_it_trained(summary: dict[str, Any], metrics: Path, sig: str, stderr: str) -> None:
@@ -257,21 +267,7 @@ def test_ctrl_c_keeps_the_metrics_of_the_steps_trained(plan3: Path) -> None:
     # A terminal's Ctrl-C: SIGINT to pdrun and every worker at once. Each worker unwinds and leaves its rows
     # for the launcher (pdrun/stopped.py); before, they died with them: no metrics, no summary.
     metrics = plan3.parent / "m.parquet"
-    pdrun = str(Path(sys.executable).parent / "pdrun")
-    proc = subprocess.Popen(
-        [pdrun, str(plan3), "--steps", "100000", "-q", "--no-val", "--metrics", str(metrics)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        preexec_fn=_own_group_taking_sigint,
-    )
-    pids_dir = plan3.parent / "pids"
-    deadline = time.monotonic() + 60
-    while len(list(pids_dir.glob("rank*.pid"))) < 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.5)  # training
-    assert proc.poll() is None, "pdrun ended before it was stopped"
+    proc = _training(plan3, metrics, preexec=_own_group_taking_sigint)
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=40)
     assert proc.returncode == 130, stderr
