@@ -61,6 +61,11 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
                 raise SpecError(f"{kind} spec {spec!r}: cannot load {target!r} as Python")
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[mod_name] = module
+            # As `python file.py` would: the file's folder on the import path, so that it can import the
+            # files beside it (`from hfdata import tokens` in data.py failed with "No module named").
+            folder = str(path.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
             try:
                 loader_spec.loader.exec_module(module)
             except (Exception, SystemExit) as exc:  # the user's file may even call sys.exit

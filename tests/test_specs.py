@@ -311,3 +311,16 @@ def test_a_package_in_this_directory_but_not_on_the_path_gets_a_hint(
         "mypkg is in this directory, which is not on the import path: run with PYTHONPATH=. or name the file "
         "(mypkg/data.py:...)"
     ), err.value
+
+
+def test_a_file_spec_imports_the_files_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A new user's data.py did `from hfdata import tokens` (hfdata.py beside it): "No module named 'hfdata'"
+    # unless PYTHONPATH named the folder. A file spec now imports as `python data.py` would.
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "sibling_helpers_xyz.py").write_text("def make(n=3):\n    return list(range(n))\n")
+    (folder / "data.py").write_text("from sibling_helpers_xyz import make\n\n\ndef build():\n    return make()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the insertion stays in this test
+    assert resolve_dataset(f"{folder}/data.py:build") == [0, 1, 2]
+    assert sys.path[0] == str(folder.resolve())
