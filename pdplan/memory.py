@@ -389,7 +389,6 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
 
     The process overhead goes to one stage per worker (an interleaved worker's first chunk, for the
     layers of all its chunks): a worker is one process, however many chunks it runs."""
-    nodes = {n.id: n for n in graph.nodes}
     k = OPTIMIZER_STATE[optimizer]
     loss = loss_overhead(graph)
     workers = len(plan.stages) // plan.virtual_stages
@@ -411,7 +410,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     relayed = relayed_bytes(graph, layers, crossings) if chunked else [0.0] * len(layers)
     out = []
     for s, stage in enumerate(plan.stages):
-        p = float(sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes))
+        p = graph.held_parameter_bytes(stage.layers)  # tied parameters: a copy on every stage holding one
         if plan.schedule == "2bw":
             versions = 2  # PipeDream-2BW: the live weights and one shadow version
         elif plan.schedule != "1f1b":

@@ -137,7 +137,7 @@ def stage_costs(graph: LayerGraph, plan: Plan) -> tuple[Costs, list[tuple[int, i
     allreduce = []
     for stage in plan.stages:
         r = stage.replicas
-        p = sum(nodes[layer].parameter_bytes for layer in stage.layers if layer in nodes)
+        p = graph.held_parameter_bytes(stage.layers)
         allreduce.append(allreduce_s(p, r, span_bandwidth(levels, stage.ranks)) if r > 1 else 0.0)
     costs = Costs(
         forward=forward,
@@ -158,17 +158,22 @@ def tie_costs(
 
     pdrun sums a tied parameter's gradient over its stages before every step (``pdrun.tied``),
     a blocking collective. Ties that share a stage are one meeting. The sum costs an all-reduce
-    of the tensor (its size: the smallest parameter bytes among the layers reading it) over the
+    of the tensor (``graph.tie_bytes``) over the
     link spanning those stages, plus its latency.
     """
     assert plan.cluster is not None
     levels = plan.cluster.levels
     groups: list[tuple[set[int], float]] = []
-    for layers in graph.graph.get("ties") or []:
+    for layers, tied in graph.ties():
         stages = {owner[layer] for layer in layers if layer in owner}
         if len(stages) < 2:
             continue
-        size = min(nodes[layer].parameter_bytes for layer in layers if layer in nodes)
+        # A graph from before pdprof wrote the tie's size: the smallest reader's bytes stand for it.
+        size = (
+            tied
+            if tied is not None
+            else min(nodes[layer].parameter_bytes for layer in layers if layer in nodes)
+        )
         for other in [g for g in groups if g[0] & stages]:
             groups.remove(other)
             stages |= other[0]

@@ -50,8 +50,8 @@ from shared.layout import MemoryFormat, inputs_to_channels_last, module_to_chann
 from shared.malloc import building_malloc, malloc_is_steady, steady_malloc
 from shared.resolve import resolve_dataset, resolve_loss, resolve_model
 from shared.spec import RunSpec
-from shared.ties import tied_layers
-from shared.tracer import TracedModel, parameter_bytes, place, trace
+from shared.ties import ties
+from shared.tracer import TracedModel, owned_parameter_bytes, place, trace
 
 # (phase, done, total): phase is "tracing", "memory", "sizes", "warmup" or "timing".
 Progress = Callable[[str, int, int], None]
@@ -513,6 +513,8 @@ def _assemble(
         sum(f["update"] for f in figures.values()),
     )
     nodes: list[Node] = []
+    owned = owned_parameter_bytes(traced)  # a tensor several layers read counts once (graph.ties)
+    tied = ties(traced)
     for layer in traced.layers:
         size, f = sizes[layer.name], figures[layer.name]
         nodes.append(
@@ -525,7 +527,7 @@ def _assemble(
                 update_ms=f["update"] * scale.update,
                 activation_bytes=size.activation_bytes,
                 activation_parts=[float(p) for p in size.activation_parts] if size.activation_parts else None,
-                parameter_bytes=parameter_bytes(traced, layer),
+                parameter_bytes=owned[layer.name],
                 saved_bytes=size.saved_bytes,
                 output_shape=size.output_shape,
             )
@@ -572,8 +574,10 @@ def _assemble(
         # Of that, the loss's own (pdprof.loss_memory): the last stage's alone.
         "loss_rise_bytes": memory[1] if math.isfinite(memory[1]) else None,
         # Layers that read one parameter (a tied embedding and head): pdrun sums its gradient over
-        # the stages holding it, which the planner's simulation charges (pdplan.schedule_sim).
-        "ties": tied_layers(traced),
+        # the stages holding it, which the planner's simulation charges (pdplan.schedule_sim), and every
+        # stage holding one of them holds a copy, of "tie_bytes" (pdplan.memory.stage_parameter_bytes).
+        "ties": [layers for layers, _ in tied],
+        "tie_bytes": [size for _, size in tied],
         "host": platform.node(),
         "device_name": torch.cuda.get_device_name(device)
         if device.type == "cuda"

@@ -127,6 +127,29 @@ class LayerGraph(Strict):
         """The hash of the layer names and edges; a plan carries it, pdrun checks it."""
         return graph_hash((n.id for n in self.nodes), ((e.source, e.target) for e in self.edges))
 
+    def ties(self) -> list[tuple[list[str], float | None]]:
+        """pdprof's ``graph.ties`` (the layers reading one parameter) with ``graph.tie_bytes`` (its size;
+        None in a graph from before pdprof wrote it, whose layers each counted the parameter)."""
+        layers = self.graph.get("ties") or []
+        sizes = self.graph.get("tie_bytes")
+        if not isinstance(sizes, list) or len(sizes) != len(layers):
+            sizes = [None] * len(layers)
+        return [
+            (list(names), None if size is None else float(size))
+            for names, size in zip(layers, sizes, strict=True)
+        ]
+
+    def held_parameter_bytes(self, layers: Iterable[str]) -> float:
+        """The parameter bytes a stage of ``layers`` holds: its layers' own (each tensor counted at its first
+        reader) and a copy of every tied parameter one of them reads but an earlier stage's layer owns (pdrun
+        gives each stage its own copy and sums their gradients, ``pdrun.tied``)."""
+        inside = set(layers)
+        held = sum(n.parameter_bytes for n in self.nodes if n.id in inside)
+        for readers, size in self.ties():
+            if size is not None and readers[0] not in inside and inside.intersection(readers):
+                held += size
+        return float(held)
+
     def node(self, node_id: str) -> Node:
         for n in self.nodes:
             if n.id == node_id:

@@ -44,9 +44,14 @@ def parameter_reads(traced: TracedModel, layers: Iterable[str]) -> Iterator[tupl
 
 def tied_layers(traced: TracedModel) -> list[list[str]]:
     """Per parameter that more than one layer reads, those layers in the model's order."""
-    readers: dict[int, list[str]] = {}
+    return [layers for layers, _ in ties(traced)]
+
+
+def ties(traced: TracedModel) -> list[tuple[list[str], int]]:
+    """Per parameter that more than one layer reads: those layers in the model's order, and its bytes."""
+    readers: dict[int, tuple[list[str], int]] = {}
     for layer, _, p in parameter_reads(traced, (entry.name for entry in traced.layers)):
-        names = readers.setdefault(id(p), [])
+        names, _ = readers.setdefault(id(p), ([], p.numel() * p.element_size()))
         if layer not in names:
             names.append(layer)
-    return [names for names in readers.values() if len(names) > 1]
+    return [(names, size) for names, size in readers.values() if len(names) > 1]
