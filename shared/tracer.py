@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_leaves
 
 from shared.errors import TraceError
 from shared.graph import graph_hash
+from shared.inplace import make_explicit, state_writes
 from shared.spec import TraceOptions
 
 OP_KIND = {
@@ -246,29 +247,41 @@ def _functions_kept(tracer: _Tracer) -> Iterator[None]:
 
 @contextmanager
 def _state_kept(model: nn.Module) -> Iterator[None]:
-    """Refuse a forward that assigns a module's state (``self.seen += n`` on a buffer), and leave the
-    model as it was: while fx traces, such an assignment stores a traced value in the module, which
-    then breaks the model's later use (``model.to`` fails on it) far from the cause."""
+    """Refuse a forward that changes a module's state (``self.seen += n`` on a buffer), and leave the
+    model as it was. While fx traces, buffers are plain tensors: an update with constants runs once, then
+    and never again (the graph has no node for it: a new user's step counter stayed at 1 and its EMA
+    went wrong without a word), and an assignment stores a traced value in the module, which breaks
+    its later use (``model.to`` fails on it) far from the cause."""
     buffers = {(name, key): value for name, m in model.named_modules() for key, value in m._buffers.items()}
+    before = {k: v.detach().clone() for k, v in buffers.items() if isinstance(v, torch.Tensor)}
     try:
         yield
     finally:
         assigned = []
         for name, m in model.named_modules():
             for key, value in list(m._buffers.items()):
-                if isinstance(value, fx.Proxy):
+                old = before.get((name, key))
+                if isinstance(value, fx.Proxy) or value is not buffers.get((name, key)):
                     m._buffers[key] = buffers.get((name, key))
+                    assigned.append(f"{name}.{key}" if name else key)
+                elif isinstance(value, torch.Tensor) and old is not None and not torch.equal(value, old):
+                    with torch.no_grad():
+                        value.copy_(old)
                     assigned.append(f"{name}.{key}" if name else key)
             for key, value in list(vars(m).items()):
                 if isinstance(value, fx.Proxy):
                     delattr(m, key)
                     assigned.append(f"{name}.{key}" if name else key)
         if assigned:
-            raise TraceError(
-                f"{type(model).__name__}'s forward assigns {', '.join(repr(a) for a in assigned)} while it runs "
-                "(e.g. a buffer updated in place): a traced graph cannot update a module's state; update it "
-                "outside forward, or do it in a submodule kept as one layer with --leaf-module NAME"
-            )
+            raise _state_error(model, assigned)
+
+
+def _state_error(model: nn.Module, names: list[str]) -> TraceError:
+    return TraceError(
+        f"{type(model).__name__}'s forward assigns {', '.join(repr(a) for a in names)} while it runs "
+        "(e.g. a buffer updated in place): a traced graph cannot update a module's state; update it "
+        "outside forward, or do it in a submodule kept as one layer with --leaf-module NAME"
+    )
 
 
 def is_hugging_face(model: nn.Module) -> bool:
@@ -309,6 +322,10 @@ def trace(model: nn.Module, options: TraceOptions | None = None) -> TracedModel:
     with _explain(tracer, model), _functions_kept(tracer), _state_kept(model):
         graph = tracer.trace(model, concrete_args=_concrete(model, names) if names else None)
     module = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    written = state_writes(module)  # a buffer's in-place update on traced values (self.ema.add_(x))
+    if written:
+        raise _state_error(model, written)
+    make_explicit(module)  # y.add_(x) with its result unused: the later readers read it (shared.inplace)
     field_name = _select_output(module, options.output)
     return _layers(module, options.model_copy(update={"output": field_name}), model, fold=False)
 

@@ -147,3 +147,72 @@ def test_squeezenet_cut_between_a_conv_and_its_in_place_relu(dtype: str) -> None
     )
     assert_same(pipeline_params(results), want, 1e-6 if dtype == "float64" else 1e-4)
     assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-4
+
+
+DISCARDED_NET = '''
+import torch
+from torch import nn
+
+
+class Discarded(nn.Module):
+    """In-place operations whose result is not used, each written a different way, and a value read
+    before it is written in place (which a later stage must still see as it was)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 32)
+        self.fc3 = nn.Linear(32, 32)
+        self.act = nn.ReLU(inplace=True)
+        self.fc4 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = self.fc1(x)
+        early = y * 0.5
+        y.add_(x[:, :32])
+        torch.relu_(y)
+        z = self.fc3(y)
+        z.mul_(0.5)
+        self.act(z)
+        return self.fc4(z + early)
+
+
+def build():
+    return Discarded()
+'''
+
+
+def _discarded(tmp_path: Path) -> RunSpec:
+    path = tmp_path / "discarded_net.py"
+    path.write_text(DISCARDED_NET)
+    return RunSpec(model=f"{path}:build", data="zoo:digits")
+
+
+def test_an_in_place_result_left_unused_orders_the_layers_after_it(tmp_path: Path) -> None:
+    # `y.add_(x); relu(y)` traced to a relu that did not depend on the add: a plan ran it first, on
+    # another stage, and trained on the wrong value without a word (shared/inplace.py).
+    spec = _discarded(tmp_path)
+    traced = traced_for(spec)
+    edges = set(traced.edges())
+    assert {("add_", "relu_"), ("relu_", "fc3"), ("mul_", "act"), ("act", "add")} <= edges, edges
+    assert all(any(s == layer.name for s, _ in edges) for layer in traced.layers[:-1])  # none dangles
+    model = traced_for(spec).module.double()
+    traced.module.double()
+    x = torch.randn(8, 64, dtype=torch.float64)
+    torch.testing.assert_close(traced.module(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("cuts", [["add_", "fc3", "act"], ["relu_", "mul_"]])
+def test_flush_equals_one_process_with_unused_in_place_results(tmp_path: Path, cuts: list[str]) -> None:
+    spec = _discarded(tmp_path)
+    batch, microbatches, steps = 8, 2, 3
+    plan = cut_plan(spec, cuts, batch_size=batch, schedule="1f1b-flush", microbatches=microbatches)
+    results = launch(
+        plan, RunConfig(steps=steps, seed=2, dtype="float64", lr=0.3, record=True, validate=False)
+    )
+    assert results is not None and len(results) == len(cuts) + 1
+    initial, want = sequential(
+        spec, steps=steps, batch=batch * microbatches, seed=2, dtype=torch.float64, lr=0.3
+    )
+    assert_same(pipeline_params(results), want, 1e-6)
+    assert max((want[k] - initial[k]).abs().max().item() for k in want) > 1e-3

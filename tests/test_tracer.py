@@ -163,3 +163,39 @@ def test_a_forward_that_assigns_a_buffer_is_refused_and_the_model_left_whole() -
     assert isinstance(model.seen, torch.Tensor) and model.seen.item() == 0
     model.to(torch.float64)  # what failed later, far from the cause, before
     assert model(torch.ones(3, 8, dtype=torch.float64)).shape == (3, 2) and model.seen.item() == 3
+
+
+class _Averaging(torch.nn.Module):
+    """A step counter and a running mean kept in forward, as a new user wrote them (under no_grad)."""
+
+    def __init__(self, update: str) -> None:
+        super().__init__()
+        self.update = update
+        self.fc = torch.nn.Linear(8, 2)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x):
+        with torch.no_grad():
+            if self.update == "counter":
+                self.steps += 1  # a constant: fx ran it once, at trace time, and the graph never again
+            else:
+                self.ema.mul_(0.9).add_(0.1 * x.mean(0))  # one node on a traced value, without no_grad
+        return self.fc(x)
+
+
+@pytest.mark.parametrize(("update", "name"), [("counter", "steps"), ("ema", "ema")])
+def test_a_buffer_updated_in_forward_is_refused_in_every_form(update: str, name: str) -> None:
+    # Both traced without a word before: the counter stayed at 1, the EMA lost its decay and kept an
+    # autograd graph (2.22 against 0.39 after 40 units in a user's run).
+    model = _Averaging(update)
+    with pytest.raises(TraceError, match=rf"assigns '{name}'.*--leaf-module"):
+        trace(model)
+    assert model.steps.item() == 0 and torch.count_nonzero(model.ema) == 0  # as it was
+    # The documented fix: the module as one layer, whose forward then runs (and updates) at every call.
+    kept = trace(torch.nn.Sequential(model, torch.nn.Tanh()), TraceOptions(leaf_modules=["_Averaging"]))
+    kept.module(torch.ones(4, 8))
+    kept.module(torch.ones(4, 8))
+    inner = kept.module.get_submodule("0")
+    assert inner.steps.item() == (2 if update == "counter" else 0)
+    assert torch.count_nonzero(inner.ema) == (0 if update == "counter" else 8)
