@@ -63,9 +63,11 @@ def load_callable(spec: str, kind: str) -> Callable[..., Any]:
             sys.modules[mod_name] = module
             # As `python file.py` would: the file's folder on the import path, so that it can import the
             # files beside it (`from hfdata import tokens` in data.py failed with "No module named").
+            # At the end, not the front: a user's datasets.py must not stand in for the package of that
+            # name that transformers looks for later.
             folder = str(path.resolve().parent)
             if folder not in sys.path:
-                sys.path.insert(0, folder)
+                sys.path.append(folder)
             try:
                 loader_spec.loader.exec_module(module)
             except (Exception, SystemExit) as exc:  # the user's file may even call sys.exit

@@ -319,8 +319,10 @@ def test_a_file_spec_imports_the_files_beside_it(tmp_path: Path, monkeypatch: py
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "sibling_helpers_xyz.py").write_text("def make(n=3):\n    return list(range(n))\n")
-    (folder / "data.py").write_text("from sibling_helpers_xyz import make\n\n\ndef build():\n    return make()\n")
+    (folder / "data.py").write_text(
+        "from sibling_helpers_xyz import make\n\n\ndef build():\n    return make()\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the insertion stays in this test
     assert resolve_dataset(f"{folder}/data.py:build") == [0, 1, 2]
-    assert sys.path[0] == str(folder.resolve())
+    assert sys.path[-1] == str(folder.resolve())  # after the installed packages, which it must not shadow
