@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -134,6 +135,11 @@ class ToolGroup(click.Group):
         self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started as a script's background job (`pdrun plan.json &`), which the shell runs with SIGINT
+            # ignored: `kill -INT` did nothing until torch's launcher set its own handler, seconds in, and a
+            # run stopped during its start-up went on to the end. Ctrl-C and `kill -INT` stop us at any time.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         debug = "--debug" in argv or os.environ.get("PIPEDREAM_DEBUG") == "1"
         if "--debug" in argv:
             # A group flag, taken anywhere: the one-line errors say "rerun with --debug", and a user adds

@@ -263,6 +263,21 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
 
 
 @pytest.mark.timeout(90)
+def test_sigint_during_start_up_stops_a_run_started_with_sigint_ignored(plan3: Path) -> None:
+    # `pdrun plan.json & ... kill -INT $!` in a script, a second in: pdrun still ignored SIGINT (its shell's
+    # setting for background jobs) until torch's launcher set a handler, and the run went on to its end, rc 0.
+    proc = _long_run(plan3, lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    time.sleep(1.0)  # starting: imports, checks, the forkserver; no worker yet
+    assert proc.poll() is None and not list((plan3.parent / "pids").glob("rank*.pid"))
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - sent < 10, f"{time.monotonic() - sent:.1f} s from SIGINT to exit"
+    assert [line for line in stderr.splitlines() if line.strip()] == ["pdrun: aborted"], stderr
+
+
+@pytest.mark.timeout(90)
 def test_ctrl_c_keeps_the_metrics_of_the_steps_trained(plan3: Path) -> None:
     # A terminal's Ctrl-C: SIGINT to pdrun and every worker at once. Each worker unwinds and leaves its rows
     # for the launcher (pdrun/stopped.py); before, they died with them: no metrics, no summary.
