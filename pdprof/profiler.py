@@ -237,6 +237,7 @@ def profile_model(
         report("sizes", 0, 1)
         sizes = _first_run(traced, inputs, target, loss_fn, config.spec)
         model.zero_grad(set_to_none=True)
+        _check_backward(whole, inputs, target, loss_fn, config.spec)
         cut = _usable_cut(traced, inputs, target, loss_fn, clock)
         model.zero_grad(set_to_none=True)
 
@@ -387,8 +388,32 @@ def _first_run(
             f"{_first_line(exc)}"
         ) from exc
     _check_loss(loss, spec.loss)
-    loss.backward()  # type: ignore[no-untyped-call]
+    try:
+        loss.backward()  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        raise _backward_failed(model_name, shapes, spec, exc) from exc
     return sizes
+
+
+def _backward_failed(model_name: str, shapes: Any, spec: RunSpec, exc: BaseException) -> UserError:
+    return UserError(
+        f"model {model_name!r} failed in its backward on a batch of shape {shapes} from {spec.data!r}: "
+        f"{_first_line(exc)}"
+    )
+
+
+def _check_backward(
+    whole: nn.Module, inputs: tuple[Any, ...], target: Any, loss_fn: LossFn, spec: RunSpec
+) -> None:
+    """One step of the user's own model: one that writes in place a tensor its backward needs fails here, in
+    one line (it said "internal error", exit 1, in the timing loop; the traced graph, which makes such
+    writes out of place (shared.inplace), does not fail, so the sizes run cannot catch it)."""
+    try:
+        loss_fn(whole(*inputs), target).backward()  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        raise _backward_failed(spec.model or type(whole).__name__, batch_shape(inputs), spec, exc) from exc
+    finally:
+        whole.zero_grad(set_to_none=True)
 
 
 def _usable_cut(

@@ -304,3 +304,54 @@ def test_the_loss_probe_sees_what_a_wide_loss_adds_beyond_a_gradient() -> None:
     graph = profile_spec(ProfileConfig(spec, batch_size=64, warmup=0, repeats=1)).graph
     loss = graph.graph["loss_rise_bytes"]
     assert 0 <= loss < 0.25 * graph.graph["memory_rise_bytes"], graph.graph
+
+
+BACKWARD_BUG = """
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        y.mul_(2.0)  # relu saved y for its backward: the model's own bug
+        return y
+
+
+def build():
+    return M()
+
+
+def data(split="train"):
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.TensorDataset(x, x[:, :4].argmax(1))
+"""
+
+
+def test_a_model_whose_own_backward_fails_is_a_user_error(tmp_path: Path) -> None:
+    # The traced graph writes out of place (shared/inplace.py) and trains; the user's model does not, and
+    # failed in pdprof's timing loop as "internal error", exit 1.
+    f = tmp_path / "m.py"
+    f.write_text(BACKWARD_BUG)
+    code, stdout, stderr = pdprof(
+        "--model",
+        f"{f}:build",
+        "--data",
+        f"{f}:data",
+        "--batch-size",
+        "4",
+        "--repeats",
+        "1",
+        "--concurrent",
+        "1",
+    )
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and stdout == "" and len(lines) == 1, stderr
+    assert lines[0].startswith(
+        f"pdprof: error: model '{f}:build' failed in its backward on a batch of shape [4, 8] from '{f}:data': "
+        "RuntimeError: one of the variables needed for gradient computation has been modified by an inplace"
+    ), lines[0]
