@@ -49,6 +49,7 @@ class PlanConfig:
     memory: float | None = None
     straight: bool = False
     schedule: str = "1f1b"  # or "auto": pdplan.auto's search over partitions, schedules and M
+    synchronous: bool = False  # auto: only the schedules that train as one process does (pdplan.auto)
     microbatches: int | None = None
     virtual_stages: int | None = None  # auto: the only V interleaved-1f1b is tried at (pdplan.auto)
     optimizer: str = "sgd"  # sgd, momentum or adam: its state in the memory model

@@ -55,6 +55,12 @@ def _numbers(text: str, option: str, kind: type) -> tuple[float, ...]:
 )
 @click.option("--straight", is_flag=True, help="One replica per stage (no data parallelism inside a stage).")
 @click.option(
+    "--synchronous",
+    is_flag=True,
+    help="With --schedule auto: try only the schedules that train as one process does (not 1f1b's weight "
+    "stashing or 2bw's delayed update).",
+)
+@click.option(
     "--schedule",
     type=click.Choice(("auto", *SCHEDULES)),
     default="auto",
@@ -126,6 +132,7 @@ def plan(
     bandwidth: str,
     memory: float | None,
     straight: bool,
+    synchronous: bool,
     schedule: str,
     microbatches: int | None,
     virtual_stages: int | None,
@@ -152,6 +159,10 @@ def plan(
     # faulted in under glibc's default thresholds (a third of the time on a 2,000-layer chain);
     # fixing them is a choice for the whole process, so it is made here, not in the library.
     steady_malloc()
+    if synchronous and schedule != "auto":
+        raise click.UsageError(
+            f"--synchronous chooses among schedules (--schedule auto); --schedule {schedule} names one"
+        )
     check_output_file("-o", out, {"the layer graph": graph})  # before the search: its minutes are not lost
     g = load_graph(graph)
     workers_per_level = tuple(int(w) for w in _numbers(workers, "--workers", int))
@@ -166,6 +177,7 @@ def plan(
         memory=memory,
         straight=straight,
         schedule=schedule,
+        synchronous=synchronous,
         microbatches=microbatches,
         optimizer=optimizer,
         cost_model=cost_model,

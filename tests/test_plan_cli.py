@@ -136,6 +136,24 @@ def test_usage_errors_exit_2(vgg: Path) -> None:
     )
     assert memory.returncode == 2 and b"--memory" in memory.stderr
     assert b"Traceback" not in memory.stderr
+    # --synchronous filters the search; beside a named schedule it would do nothing, so it is refused.
+    named = _run(
+        [
+            str(BIN / "pdplan"),
+            str(vgg),
+            "--workers",
+            "4",
+            "--bandwidth",
+            "1e9",
+            "--schedule",
+            "gpipe",
+            "--synchronous",
+        ]
+    )
+    assert named.returncode == 2 and named.stderr.decode().splitlines() == [
+        "pdplan: error: --synchronous chooses among schedules (--schedule auto); --schedule gpipe names one "
+        "(see pdplan plan --help)"
+    ]
 
 
 def test_validate_refuses_a_cluster_that_disagrees_with_the_ranks(vgg: Path, tmp_path: Path) -> None:
