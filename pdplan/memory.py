@@ -60,7 +60,7 @@ BERT's 2.8 MB. ResNet-18 at batch 16 has 52 MB, of which a stage of 31% of the t
 MB. A graph without the probe (an imported PipeDream profile, a graph from before it) has none.
 
 ``held`` is the most units the worker has forwarded and not yet backwarded at once, read
-off the schedule's own program (``shared.schedule.max_in_flight``), not from a second
+off the schedule's own program (``shared.schedule.peak_held``), not from a second
 formula: GPipe holds all of a step's M units (its replica's share), 1F1B-flush
 ``min(M, S - s)``, 1F1B PipeDream's in-flight bound. Weight versions follow the paper's
 stashing rule (Harlap et al., SOSP 2019, section 3.3: "Weight stashing maintains multiple
@@ -88,7 +88,6 @@ from shared.schedule import (
     chunk_owner,
     get_schedule,
     make_pipeline,
-    max_in_flight,
     peak_held,
 )
 
@@ -201,6 +200,37 @@ def received_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
     return float(sum(nodes[v].activation_bytes for v in sources if v in nodes))
 
 
+def weight_grad_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
+    """Bytes a unit keeps from its B to its W under a split backward: the gradient arriving at each layer that
+    reads a parameter, the size of its output (``shared.weight_pass``: W starts from them)."""
+    inside = set(layers)
+    tied = {layer for readers, _ in graph.ties() for layer in readers}
+    return float(
+        sum(
+            n.activation_bytes
+            for n in graph.nodes
+            if n.id in inside and (n.parameter_bytes > 0 or n.id in tied)
+        )
+    )
+
+
+def awaiting_units(plan: Plan) -> list[int]:
+    """Per stage, the most units one of its workers has past B and not yet past W (0 without a split backward)."""
+    v = plan.virtual_stages
+    workers = len(plan.stages) // v
+    waiting = _awaiting(
+        plan.schedule,
+        tuple(s.replicas for s in plan.stages[:workers]),
+        plan.microbatches,
+        plan.in_flight if plan.schedule == "1f1b" else None,
+        v,
+    )
+    return [
+        waiting[s] if len(waiting) == len(plan.stages) else waiting[s % workers]
+        for s in range(len(plan.stages))
+    ]
+
+
 def held_units(plan: Plan) -> list[int]:
     """Per stage, the most units one of its workers holds at once under the plan's schedule."""
     v = plan.virtual_stages
@@ -216,14 +246,30 @@ def held_units(plan: Plan) -> list[int]:
     return [held[s] if len(held) == len(plan.stages) else held[s % workers] for s in range(len(plan.stages))]
 
 
-@functools.lru_cache(maxsize=4096)
 def _held(
     schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None, chunks: int
 ) -> tuple[int, ...]:
+    """Per stage (per virtual stage when chunked), the most units one worker holds: :func:`_peaks`' first."""
+    return tuple(held for held, _ in _peaks(schedule, replicas, microbatches, in_flight, chunks))
+
+
+def _awaiting(
+    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None, chunks: int
+) -> tuple[int, ...]:
+    """Per stage, the most units past their B whose W is still to come: :func:`_peaks`' second."""
+    return tuple(waiting for _, waiting in _peaks(schedule, replicas, microbatches, in_flight, chunks))
+
+
+@functools.lru_cache(maxsize=4096)
+def _peaks(
+    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None, chunks: int
+) -> tuple[tuple[int, int], ...]:
     """Read off the program pdrun runs, over enough units that the peak is reached: one flush
     step, or a 1F1B run well past its warm-up at every stage. Its compute instructions alone
     (``messages=False``) tell what is held; the messages around them do not change it, and
-    leaving them out makes the schedule search's memory checks about twice as fast."""
+    leaving them out makes the schedule search's memory checks about twice as fast. Per stage: the
+    units held (forwarded, and not yet backwarded or, where the backward is split, not yet past W),
+    and of those the most past their B (zero bubble's W reads what B kept)."""
     period = math.lcm(*replicas, microbatches)
     if schedule == "1f1b":
         wanted = 2 * ((in_flight or microbatches) + len(replicas)) * max(replicas) * max(1, microbatches)
@@ -235,7 +281,9 @@ def _held(
     units = -(-wanted // period) * period
     try:
         if schedule in WARMUP_PEAKED:
-            return _warmup_peaks(schedule, replicas, units, microbatches, in_flight)
+            return tuple(
+                (held, 0) for held in _warmup_peaks(schedule, replicas, units, microbatches, in_flight)
+            )
         program = build_program(
             schedule,
             replicas,
@@ -247,14 +295,17 @@ def _held(
         )
     except ScheduleError:
         # Options this schedule refuses (pdplan.more_schedules fixes them after the DP): all M held.
-        return tuple(max(1, microbatches) for _ in replicas)
+        return tuple((max(1, microbatches), 0) for _ in replicas)
     if chunks > 1:
         # Each chunk holds the units it forwarded and has not backwarded: counted per chunk, by virtual stage.
         s_ = len(replicas)
         owners = [chunk_owner(s_, v, schedule in VSHAPED) for v in range(chunks * s_)]
-        return tuple(_chunk_peak(program[(w, 0)], c) for w, c in owners)
-    peaks = max_in_flight(program)
-    return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
+        return tuple(_unit_peaks(program[(w, 0)], c) for w, c in owners)
+    peaks = {w: _unit_peaks(instrs) for w, instrs in program.items()}
+    return tuple(
+        (max(peaks[(s, r)][0] for r in range(n)), max(peaks[(s, r)][1] for r in range(n)))
+        for s, n in enumerate(replicas)
+    )
 
 
 def _warmup_peaks(
@@ -274,12 +325,22 @@ def _warmup_peaks(
     return tuple(max(peaks[(s, r)] for r in range(n)) for s, n in enumerate(replicas))
 
 
-def _chunk_peak(instrs: Sequence[Instr], chunk: int) -> int:
-    """The most units chunk ``chunk`` of a worker holds at once: forwarded, and not yet backwarded, or
-    where the backward is split (zb-v) whose weight gradients (W) are not yet taken, W reading the
-    layers' saved inputs."""
+def _unit_peaks(instrs: Sequence[Instr], chunk: int | None = None) -> tuple[int, int]:
+    """(the most units a worker (or its chunk ``chunk``) holds at once: forwarded, and not yet backwarded or,
+    where the backward is split (zb-h1, zb-v), whose weight gradients (W) are not yet taken, W reading the
+    layers' saved inputs through the graph B kept; the most of those past their B, waiting for W)."""
     done = Kind.WEIGHT if any(ins.kind is Kind.WEIGHT for ins in instrs) else Kind.BACKWARD
-    return peak_held(instrs, done, chunk)
+    waiting = peak = 0
+    if done is Kind.WEIGHT:
+        for ins in instrs:
+            if chunk is not None and ins.chunk != chunk:
+                continue
+            if ins.kind is Kind.BACKWARD:
+                waiting += 1
+                peak = max(peak, waiting)
+            elif ins.kind is Kind.WEIGHT:
+                waiting -= 1
+    return peak_held(instrs, done, chunk), peak
 
 
 def _measured(graph: LayerGraph, key: str) -> float | None:
@@ -408,6 +469,7 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
     crossings = _crossings(graph, layers, chunked)  # once, for the messages and the relays both
     messages = message_bytes(graph, layers, held, chunked, crossings)
     relayed = relayed_bytes(graph, layers, crossings) if chunked else [0.0] * len(layers)
+    waiting = awaiting_units(plan)
     out = []
     for s, stage in enumerate(plan.stages):
         p = graph.held_parameter_bytes(stage.layers)  # tied parameters: a copy on every stage holding one
@@ -426,6 +488,10 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
             + relayed[s]
         )
         extra = (per_worker[s] if s < workers else 0.0) + (loss if s == len(plan.stages) - 1 else 0.0)
+        # Zero bubble: a unit past its B keeps, besides its graph, the gradients its W starts from (ALBERT's
+        # last stage under zb-h1 measured 37.9 MB where this model, without them and counting units only
+        # until B, said 12.7, as for 1f1b-flush, which measured 16.2).
+        kept = waiting[s] * weight_grad_per_unit(graph, stage.layers) if waiting[s] else 0.0
         out.append(
             StageMemory(
                 weight_bytes=versions * p,
@@ -436,7 +502,8 @@ def stage_memory(graph: LayerGraph, plan: Plan, optimizer: str, held: Sequence[i
                 units_held=held[s],
                 message_bytes=messages[s],
                 overhead_bytes=extra,
-                total_bytes=versions * p + p + k * p + held[s] * a + messages[s] + extra,
+                weight_grad_bytes=kept,
+                total_bytes=versions * p + p + k * p + held[s] * a + kept + messages[s] + extra,
             )
         )
     return out

@@ -85,6 +85,11 @@ class StageMemory(Strict):
         ge=0,
         description="what the worker's process holds beyond the model's tensors (pdprof's memory probe)",
     )
+    weight_grad_bytes: float = Field(
+        default=0,
+        ge=0,
+        description="zero bubble: the gradients a unit keeps from its B for its W, times the units waiting for W",
+    )
     total_bytes: float = Field(ge=0)
 
 
