@@ -40,9 +40,12 @@ class _LazyConsole:
 
             # stderr: the human channel. stdout is kept for JSON.
             # Off a terminal (logs, CI, pipes) rich would assume 80 columns and wrap tables into
-            # unreadable slivers; 120 keeps them whole. On a terminal rich measures the real width.
+            # unreadable slivers; 120 keeps them whole. On a terminal rich measures the real width, and
+            # anywhere COLUMNS says it (rich reads it): a new user's COLUMNS=250 was ignored off a terminal,
+            # and pdplan show cut its layer names to "model_…" there.
+            sized = sys.stderr.isatty() or os.environ.get("COLUMNS", "").isdigit()
             _LazyConsole._real = Console(
-                stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 120
+                stderr=True, highlight=False, soft_wrap=True, width=None if sized else 120
             )
         return _LazyConsole._real
 

@@ -309,3 +309,17 @@ def test_an_output_that_would_fail_or_overwrite_an_input_is_refused_before_the_w
         lines = [line for line in res.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and expected.format(d=tmp_path) in lines[0], (argv, res.stderr)
     assert graph.read_text() == "{}" and "def build" in model.read_text() and plan.read_text() == planned
+
+
+@pytest.mark.parametrize(("columns", "width"), [(None, 120), ("250", 250)])
+def test_off_a_terminal_the_tables_take_columns_when_set(columns: str | None, width: int) -> None:
+    # A new user's COLUMNS=250 was ignored with stderr not a terminal: pdplan show cut layer names to "model_…".
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+    done = subprocess.run(
+        [sys.executable, "-c", "from shared.cli import rich_console; print(rich_console().width)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(done.stdout) == width
