@@ -39,14 +39,15 @@ class _LazyConsole:
             from rich.console import Console
 
             # stderr: the human channel. stdout is kept for JSON.
+            _LazyConsole._real = Console(stderr=True, highlight=False, soft_wrap=True)
+        if not sys.stderr.isatty():
             # Off a terminal (logs, CI, pipes) rich would assume 80 columns and wrap tables into
-            # unreadable slivers; 120 keeps them whole. On a terminal rich measures the real width, and
-            # anywhere COLUMNS says it (rich reads it): a new user's COLUMNS=250 was ignored off a terminal,
-            # and pdplan show cut its layer names to "model_…" there.
-            sized = sys.stderr.isatty() or os.environ.get("COLUMNS", "").isdigit()
-            _LazyConsole._real = Console(
-                stderr=True, highlight=False, soft_wrap=True, width=None if sized else 120
-            )
+            # unreadable slivers; 120 keeps them whole, and COLUMNS, when set, says otherwise (a new user's
+            # COLUMNS=250 was ignored, and pdplan show cut layer names to "model_…"). Read at every use:
+            # the console outlives a CliRunner's COLUMNS (the tests'), and a width fixed by whichever
+            # command came first would decide every later one's tables. On a terminal rich measures it.
+            columns = os.environ.get("COLUMNS", "")
+            _LazyConsole._real.width = int(columns) if columns.isdigit() else 120
         return _LazyConsole._real
 
 
