@@ -216,34 +216,29 @@ def weight_grad_per_unit(graph: LayerGraph, layers: Sequence[str]) -> float:
 
 def awaiting_units(plan: Plan) -> list[int]:
     """Per stage, the most units one of its workers has past B and not yet past W (0 without a split backward)."""
-    v = plan.virtual_stages
-    workers = len(plan.stages) // v
-    waiting = _awaiting(
-        plan.schedule,
-        tuple(s.replicas for s in plan.stages[:workers]),
-        plan.microbatches,
-        plan.in_flight if plan.schedule == "1f1b" else None,
-        v,
-    )
-    return [
-        waiting[s] if len(waiting) == len(plan.stages) else waiting[s % workers]
-        for s in range(len(plan.stages))
-    ]
+    return [waiting for _, waiting in _stage_peaks(plan)]
 
 
 def held_units(plan: Plan) -> list[int]:
     """Per stage, the most units one of its workers holds at once under the plan's schedule."""
+    return [held for held, _ in _stage_peaks(plan)]
+
+
+def _stage_peaks(plan: Plan) -> list[tuple[int, int]]:
+    """:func:`_peaks` for ``plan``, per stage as the plan lists them."""
     v = plan.virtual_stages
     workers = len(plan.stages) // v
-    held = _held(
+    peaks = _peaks(
         plan.schedule,
         tuple(s.replicas for s in plan.stages[:workers]),
         plan.microbatches,
         plan.in_flight if plan.schedule == "1f1b" else None,
         v,
     )
-    # Chunked: ``held`` is per virtual stage, as stages lists them.
-    return [held[s] if len(held) == len(plan.stages) else held[s % workers] for s in range(len(plan.stages))]
+    # Chunked: the peaks are per virtual stage, as stages lists them.
+    return [
+        peaks[s] if len(peaks) == len(plan.stages) else peaks[s % workers] for s in range(len(plan.stages))
+    ]
 
 
 def _held(
@@ -251,13 +246,6 @@ def _held(
 ) -> tuple[int, ...]:
     """Per stage (per virtual stage when chunked), the most units one worker holds: :func:`_peaks`' first."""
     return tuple(held for held, _ in _peaks(schedule, replicas, microbatches, in_flight, chunks))
-
-
-def _awaiting(
-    schedule: str, replicas: tuple[int, ...], microbatches: int, in_flight: int | None, chunks: int
-) -> tuple[int, ...]:
-    """Per stage, the most units past their B whose W is still to come: :func:`_peaks`' second."""
-    return tuple(waiting for _, waiting in _peaks(schedule, replicas, microbatches, in_flight, chunks))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -329,18 +317,9 @@ def _unit_peaks(instrs: Sequence[Instr], chunk: int | None = None) -> tuple[int,
     """(the most units a worker (or its chunk ``chunk``) holds at once: forwarded, and not yet backwarded or,
     where the backward is split (zb-h1, zb-v), whose weight gradients (W) are not yet taken, W reading the
     layers' saved inputs through the graph B kept; the most of those past their B, waiting for W)."""
-    done = Kind.WEIGHT if any(ins.kind is Kind.WEIGHT for ins in instrs) else Kind.BACKWARD
-    waiting = peak = 0
-    if done is Kind.WEIGHT:
-        for ins in instrs:
-            if chunk is not None and ins.chunk != chunk:
-                continue
-            if ins.kind is Kind.BACKWARD:
-                waiting += 1
-                peak = max(peak, waiting)
-            elif ins.kind is Kind.WEIGHT:
-                waiting -= 1
-    return peak_held(instrs, done, chunk), peak
+    if not any(ins.kind is Kind.WEIGHT for ins in instrs):
+        return peak_held(instrs, Kind.BACKWARD, chunk), 0
+    return peak_held(instrs, Kind.WEIGHT, chunk), peak_held(instrs, Kind.WEIGHT, chunk, since=Kind.BACKWARD)
 
 
 def _measured(graph: LayerGraph, key: str) -> float | None:

@@ -656,14 +656,16 @@ def max_in_flight(program: Program) -> dict[Worker, int]:
     return {w: peak_held(instrs) for w, instrs in program.items()}
 
 
-def peak_held(instrs: Iterable[Instr], until: Kind = Kind.BACKWARD, chunk: int | None = None) -> int:
-    """The most units a worker's list holds at once: forwarded and not yet past ``until`` (its backward, or
-    under a split backward its W); of one ``chunk`` only when given."""
+def peak_held(
+    instrs: Iterable[Instr], until: Kind = Kind.BACKWARD, chunk: int | None = None, since: Kind = Kind.FORWARD
+) -> int:
+    """The most units a worker's list holds at once: past ``since`` (their forward) and not yet past ``until``
+    (its backward, or under a split backward its W); of one ``chunk`` only when given."""
     live = peak = 0
     for ins in instrs:
         if chunk is not None and ins.chunk != chunk:
             continue
-        if ins.kind is Kind.FORWARD:
+        if ins.kind is since:
             live += 1
             peak = max(peak, live)
         elif ins.kind is until:

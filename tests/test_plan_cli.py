@@ -119,37 +119,16 @@ def test_show_recosts_a_hand_edited_plan(vgg: Path, tmp_path: Path) -> None:
 
 
 def test_usage_errors_exit_2(vgg: Path) -> None:
-    levels = _run([str(BIN / "pdplan"), str(vgg), "--workers", "4,2", "--bandwidth", "1e9"])
+    def pdplan(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return _run([str(BIN / "pdplan"), str(vgg), "--workers", *args])
+
+    levels = pdplan("4,2", "--bandwidth", "1e9")
     assert levels.returncode == 2 and b"one bandwidth per level" in levels.stderr
-    memory = _run(
-        [
-            str(BIN / "pdplan"),
-            str(vgg),
-            "--workers",
-            "4",
-            "--bandwidth",
-            "1e9",
-            "--straight",
-            "--memory",
-            "1e3",
-        ]
-    )
+    memory = pdplan("4", "--bandwidth", "1e9", "--straight", "--memory", "1e3")
     assert memory.returncode == 2 and b"--memory" in memory.stderr
     assert b"Traceback" not in memory.stderr
     # --synchronous filters the search; beside a named schedule it would do nothing, so it is refused.
-    named = _run(
-        [
-            str(BIN / "pdplan"),
-            str(vgg),
-            "--workers",
-            "4",
-            "--bandwidth",
-            "1e9",
-            "--schedule",
-            "gpipe",
-            "--synchronous",
-        ]
-    )
+    named = pdplan("4", "--bandwidth", "1e9", "--schedule", "gpipe", "--synchronous")
     assert named.returncode == 2 and named.stderr.decode().splitlines() == [
         "pdplan: error: --synchronous chooses among schedules (--schedule auto); --schedule gpipe names one "
         "(see pdplan plan --help)"
