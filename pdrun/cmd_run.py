@@ -305,9 +305,9 @@ def _report(
     # A stopped run's figures are those of the steps every worker finished; null for a finished run.
     summary["stopped_by"] = signal_name(stopped_by.signum) if stopped_by is not None else None
     summary["ranks_reported"] = sorted(r.rank for r in results)
-    over = metrics.over_limit_note(summary)
-    if over:
-        console.print(f"pdrun: {over}", markup=False)
+    for note in (metrics.over_limit_note(summary), metrics.short_step_note(summary, used.batch_size)):
+        if note:
+            console.print(f"pdrun: {note}", markup=False)
     if stopped_by is not None:
         outputs = (("metrics", cfg.metrics), ("trace", cfg.trace))
         kept = ", ".join(f"{what} in {path}" for what, path in outputs if path)

@@ -258,3 +258,27 @@ def memory_summary(
         )
         out.append(entry)
     return out
+
+
+# Below this predicted time a unit, pdrun's own per-instruction work (dispatch, messages, bookkeeping: about
+# 0.1-0.15 ms an instruction on a 2-core CPU host, measured on the README's MLP) is a large share of a step,
+# and the simulation, which charges the profiled compute and the transfers only, reads fast.
+SHORT_UNIT_S = 2e-3
+SLOW_RATIO = 0.8
+
+
+def short_step_note(summary: dict[str, Any], batch_size: int) -> str | None:
+    """A line for a run that measured well below a sub-millisecond-scale prediction: why (None otherwise)."""
+    predicted = summary.get("predicted_samples_per_s")
+    measured = summary.get("steady_samples_per_s") or summary.get("samples_per_s")
+    if not predicted or not measured or measured / predicted >= SLOW_RATIO:
+        return None
+    unit_predicted, unit_measured = batch_size / predicted, batch_size / measured
+    if unit_predicted >= SHORT_UNIT_S:
+        return None
+    return (
+        f"note: a unit took {unit_measured * 1000:.2f} ms where the plan predicted {unit_predicted * 1000:.2f}: at "
+        "this size pdrun's own work per instruction (dispatch, messages, bookkeeping; of the order of 0.1 ms each "
+        "on a CPU), which "
+        "the prediction leaves out, is much of a step (larger units or batches spread it)"
+    )

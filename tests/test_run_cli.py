@@ -234,6 +234,25 @@ def test_the_closing_line_sets_the_measured_rate_beside_the_prediction(tmp_path:
         f", the plan predicted {summary['predicted_samples_per_s']:.0f} (measured / predicted {ratio:.2f})"
         in line
     )
+    # A tiny model's sub-millisecond units run well below the prediction: the run says why.
+    unit = 16 / summary["predicted_samples_per_s"]
+    said = [ln for ln in res.stderr.splitlines() if "pdrun's own work per instruction" in ln]
+    assert len(said) == (1 if ratio < 0.8 and unit < 2e-3 else 0), res.stderr
+
+
+def test_a_short_units_note_only_where_the_run_measured_well_below_a_sub_millisecond_prediction() -> None:
+    from pdrun.metrics import short_step_note
+
+    def note(predicted: float, measured: float, batch: int = 32) -> str | None:
+        return short_step_note(
+            {"predicted_samples_per_s": predicted, "steady_samples_per_s": measured}, batch
+        )
+
+    said = note(113_846, 42_084)  # the README's MLP: 0.28 ms a unit predicted, 0.76 measured
+    assert said is not None and said.startswith("note: a unit took 0.76 ms where the plan predicted 0.28:")
+    assert note(113_846, 100_000) is None  # within 0.8 of the prediction
+    assert note(10_000, 2_000) is None  # 3.2 ms units: pdrun's own work is not what is missing there
+    assert note(0.0, 2_000) is None  # no prediction (an edited plan)
 
 
 @pytest.mark.timeout(120)
