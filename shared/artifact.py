@@ -54,6 +54,25 @@ class Strict(BaseModel):
 A = TypeVar("A", bound=BaseModel)
 
 
+def checked_shape(value: Any) -> Any:
+    """``value`` if it is a recorded shape (pdprof's ``shape_of``): a list of whole numbers, lists or dicts of
+    such shapes, or null for what is no tensor; else ``ValueError`` (a hand-edited ``"input_shape":
+    "garbage"`` passed every check, and ``[32.0, 20]`` too, since the field took anything)."""
+
+    def ok(v: Any) -> bool:
+        if v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return True
+        if isinstance(v, list):
+            return all(ok(x) for x in v)
+        return isinstance(v, dict) and all(isinstance(k, str) and ok(x) for k, x in v.items())
+
+    if not (value is None or isinstance(value, (list, dict))) or not ok(value):
+        raise ValueError(
+            f"expected a shape: a list of whole numbers, or lists or objects of such (got {_short(value)})"
+        )
+    return value
+
+
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 

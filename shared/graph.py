@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
+from shared.artifact import Strict, Writer, checked_shape, dump_json, load_json_artifact, save_json_artifact
 from shared.spec import RunSpec, artifact_folder
 from shared.version import FORMAT_GRAPH
 
@@ -50,6 +50,7 @@ class Node(Strict):
         description="bytes of its tensors held for a backward (each once, charged to their maker)",
     )
     output_shape: Any = Field(default=None, description="shape(s) of the output, nested lists")
+    _output_shape = field_validator("output_shape")(checked_shape)
     members: list[str] | None = Field(default=None, description="traced nodes a grouped layer stands for")
 
 
@@ -81,6 +82,7 @@ class LayerGraph(Strict):
     spec: RunSpec = Field(default_factory=RunSpec)
     batch_size: int = Field(ge=1)
     input_shape: Any = Field(default=None, description="shape of one input batch, nested lists")
+    _input_shape = field_validator("input_shape")(checked_shape)
     device: str = "cpu"
     threads: int | None = Field(default=None, ge=1)
     timing: Timing | None = None

@@ -15,9 +15,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from shared.artifact import Strict, Writer, dump_json, load_json_artifact, save_json_artifact
+from shared.artifact import Strict, Writer, checked_shape, dump_json, load_json_artifact, save_json_artifact
 from shared.errors import PlanError
 from shared.graph import LayerGraph
 from shared.schedule import VSHAPED, chunk_owner, chunk_virtual
@@ -185,7 +185,7 @@ class Plan(Strict):
     graph_source: str = Field(default="pdprof")
     spec: RunSpec = Field(default_factory=RunSpec)
     batch_size: int = Field(ge=1, description="samples per unit (minibatch / microbatch)")
-    input_shape: Any = None
+    input_shape: Any = Field(default=None, description="shape of one input batch as profiled, nested lists")
     schedule: Schedule = "1f1b"
     microbatches: int = Field(default=1, ge=1, description="units per optimizer step (flush schedules)")
     in_flight: int = Field(default=1, ge=1, description="units admitted before the first backward (NOAM)")
@@ -204,6 +204,8 @@ class Plan(Strict):
     alternatives: list[Alternative] = Field(
         default_factory=list, description="the schedule search's best candidates, fastest first (auto)"
     )
+
+    _input_shape = field_validator("input_shape")(checked_shape)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Plan:

@@ -487,6 +487,14 @@ def test_the_documented_error_lines_are_what_users_see(tmp_path: Path, edit: Any
             lambda d: d.update(vertical_sync="yes"),
             "vertical_sync: Input should be a valid boolean (got 'yes')",
         ),
+        (
+            lambda d: d.update(input_shape="garbage"),
+            "input_shape: expected a shape: a list of whole numbers, or lists or objects of such (got 'garbage')",
+        ),
+        (
+            lambda d: d.update(input_shape=[32.0, 20]),
+            "input_shape: expected a shape: a list of whole numbers, or lists or objects of such (got [32.0, 20])",
+        ),
     ],
 )
 def test_a_hand_edit_of_the_wrong_type_is_refused_not_coerced(tmp_path: Path, edit: Any, line: str) -> None:
