@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from shared.errors import EXIT_USAGE, PDError, exit_code_for
+from shared.errors import EXIT_USAGE, PDError, Terminated, exit_code_for
 from shared.version import __version__
 
 if TYPE_CHECKING:
@@ -49,6 +49,10 @@ class _LazyConsole:
             columns = os.environ.get("COLUMNS", "")
             _LazyConsole._real.width = int(columns) if columns.isdigit() else 120
         return _LazyConsole._real
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
 
 
 _lazy = _LazyConsole()
@@ -144,6 +148,11 @@ class ToolGroup(click.Group):
             # ignored: `kill -INT` did nothing until torch's launcher set its own handler, seconds in, and a
             # run stopped during its start-up went on to the end. Ctrl-C and `kill -INT` stop us at any time.
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if args is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # The command line itself (not a test's CliRunner): SIGTERM during pdrun's start-up ended it with
+            # no word (status 143, empty stderr); now one line, with what it was doing cleaned up. torch's
+            # launcher sets its own handler once it runs, and stops the workers (pdrun.stopped).
+            signal.signal(signal.SIGTERM, _terminated)
         debug = "--debug" in argv or os.environ.get("PIPEDREAM_DEBUG") == "1"
         if "--debug" in argv:
             # A group flag, taken anywhere: the one-line errors say "rerun with --debug", and a user adds

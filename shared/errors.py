@@ -55,6 +55,15 @@ class RunError(PDError):
     """The distributed run failed: a worker raised, died or timed out."""
 
 
+class Terminated(RunError):
+    """SIGTERM (a scheduler, ``kill``) before torch's launcher took it over: one line, the shell's status 143."""
+
+    exit_code = 143
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM")
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The exit status a tool ends with after ``exc``."""
     if isinstance(exc, PDError):

@@ -267,7 +267,9 @@ def test_sigint_during_start_up_stops_a_run_started_with_sigint_ignored(plan3: P
     # `pdrun plan.json & ... kill -INT $!` in a script, a second in: pdrun still ignored SIGINT (its shell's
     # setting for background jobs) until torch's launcher set a handler, and the run went on to its end, rc 0.
     proc = _long_run(plan3, lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    time.sleep(1.0)  # starting: imports, checks, the forkserver; no worker yet
+    # Starting (checks, the forkserver; no worker yet), past the CLI's first line, which takes SIGINT back:
+    # before it, in Python's and click's imports, the shell's SIG_IGN still holds.
+    time.sleep(2.0)
     assert proc.poll() is None and not list((plan3.parent / "pids").glob("rank*.pid"))
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -275,6 +277,20 @@ def test_sigint_during_start_up_stops_a_run_started_with_sigint_ignored(plan3: P
     assert proc.returncode == 130, stderr
     assert time.monotonic() - sent < 10, f"{time.monotonic() - sent:.1f} s from SIGINT to exit"
     assert [line for line in stderr.splitlines() if line.strip()] == ["pdrun: aborted"], stderr
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_during_start_up_is_one_line(plan3: Path) -> None:
+    # A second in, before torch's launcher had a handler: pdrun ended with 143 and an empty stderr.
+    proc = _long_run(plan3, lambda: None)
+    time.sleep(2.0)  # past the CLI's first line, which sets the handler; no worker yet
+    assert proc.poll() is None and not list((plan3.parent / "pids").glob("rank*.pid"))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 143, stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == ["pdrun: error: stopped by SIGTERM"], (
+        stderr
+    )
 
 
 @pytest.mark.timeout(90)
