@@ -18,7 +18,6 @@ import itertools
 import math
 from dataclasses import replace
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -243,20 +242,16 @@ def test_a_tie_in_the_last_bits_goes_to_the_leaner_plan_and_a_stale_weight_choic
         "2bw was chosen: each step's gradient is applied one step late"
     )
     assert note.endswith(
-        "the fastest synchronous plan found, 1f1b-flush M=4 on 1 stage x 2 replicas (data parallel), simulates "
+        "the fastest synchronous runner-up, 1f1b-flush M=4 on 1 stage x 2 replicas (data parallel), simulates "
         "5.200 ms/minibatch (+3.5%); "
-        "--synchronous plans with synchronous schedules only"
+        "--synchronous searches the synchronous schedules alone (it may find a faster one)"
     ), note
     # What the note offers plans it: the search without 1f1b and 2bw (a note once offered options that
     # planned another layout, slower than it said).
     synced = make_plan(_graph([(3, 2, 1e3, 1e5, 0.2)] * 2, [(0, 1)]), replace(config, synchronous=True))
     best = next(a for a in plan.alternatives if a.schedule not in ("1f1b", "2bw"))
-    assert (synced.schedule, synced.microbatches, [s.replicas for s in synced.stages]) == (
-        best.schedule,
-        best.microbatches,
-        best.replicas,
-    )
-    assert synced.predicted is not None and synced.predicted.simulated_time_per_minibatch_s == pytest.approx(
-        best.simulated_time_per_minibatch_s, rel=1e-12
+    assert synced.schedule not in ("1f1b", "2bw") and synced.predicted is not None
+    assert synced.predicted.simulated_time_per_minibatch_s <= best.simulated_time_per_minibatch_s * (
+        1 + 1e-12
     )
     assert all(a.schedule not in ("1f1b", "2bw") for a in synced.alternatives)
