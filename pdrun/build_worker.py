@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pdrun import checkpoint, peak
+from pdrun import checkpoint, peak, run_checkpoint
 from pdrun.config import RunConfig
 from pdrun.data import Units, datasets, to_device
 from pdrun.env import DistEnv
@@ -154,7 +154,10 @@ def build_worker(
         steps = checkpoint.load_rank(ck, env.rank, device)
         versions.latest = steps
     per_step = updates_per_step(plan, s)
-    total = steps // per_step + segments(plan, cfg, model.units.per_epoch).steps
+    total = (
+        steps // per_step
+        + segments(plan, cfg, model.units.per_epoch, run_checkpoint.resume_point(cfg)[0]).steps
+    )
     config = WorkerConfig(
         rank=env.rank,
         stage=stage,

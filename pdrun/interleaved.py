@@ -283,7 +283,7 @@ def train_interleaved(
     val_units = validation.units(model.val_set, plan, cfg)
     shared = cast(Transport, _UnitRelease(comm, plan.virtual_stages))
     per_epoch = model.units.per_epoch
-    segs = segments(plan, cfg, per_epoch)
+    segs = segments(plan, cfg, per_epoch, run_checkpoint.resume_point(cfg)[0])
     # The bar is drawn by the rank of the last chunk (the loss), from that chunk's rows.
     last = len(plan.stages) - 1
     progress = Progress(

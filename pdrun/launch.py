@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from pdrun import checkpoint, named_sems, stopped
+from pdrun import checkpoint, named_sems, run_checkpoint, stopped
 from pdrun.config import RunConfig, resolve_units_per_step
 from pdrun.data import Units, datasets
 from pdrun.datacheck import check_data
@@ -131,10 +131,11 @@ def check(
     check_ties(plan, find_ties(traced, part), source)
     units = Units(train_set, plan.batch_size, cfg.seed, name=f"dataset {plan.spec.data}")
     check_data(traced, units, plan.spec.loss)  # one batch through the whole model, before any worker
-    segs = segments(plan, cfg, units.per_epoch)
+    start = run_checkpoint.resume_point(cfg)[0]
+    segs = segments(plan, cfg, units.per_epoch, start)
     # Every program of the run (its segments cut at checkpoints), each on a bounded window.
     with naming_source(overrides(cfg), source):
-        validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg)))
+        validate_run(plan.schedule, pipeline_of(plan, part), sorted(chunk_lengths(segs, cfg, start)))
     return modules
 
 

@@ -111,7 +111,7 @@ def _train(
 ) -> list[WorkerResult] | None:
     """Build this rank's worker, run the run's programs (validating and checkpointing between them), report."""
     model = build_model(plan, cfg, device, dtype)
-    segs = segments(plan, cfg, model.units.per_epoch)
+    segs = segments(plan, cfg, model.units.per_epoch, run_checkpoint.resume_point(cfg)[0])
     show = s == model.part.last and replica == 0  # one worker of the last stage draws the bar
     progress = Progress(cfg, show, segs.steps, replicas=plan.stages[s].replicas)
     worker = build_worker(env, plan, cfg, model, (s, replica), transport, dtype, on_step=progress.step)

@@ -26,6 +26,7 @@ class Segments:
     lengths: tuple[int, ...]
     epochs: bool
     units_per_step: int
+    epoch_units: int = 0  # with --epochs: the units of a whole epoch (a resumed run's first may finish one)
 
     @property
     def steps(self) -> int:
@@ -37,7 +38,7 @@ class Segments:
         from a ``--resume`` (whose segments restart at 0): with ``--epochs``, the run's epoch segments
         (whole steps of an epoch, so a label per pass even where ``per_epoch`` is not a whole number of
         steps); with ``--steps``, the data's epoch (``per_epoch`` units) of the last unit trained."""
-        span = self.lengths[0] if self.epochs else per_epoch
+        span = self.epoch_units if self.epochs else per_epoch
         return max(0, end - 1) // max(1, span)
 
 
@@ -87,8 +88,12 @@ def updates_per_step(plan: Plan, s: int) -> int:
     return units_per_step(plan) // plan.stages[s].replicas
 
 
-def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
-    """Cut the run into programs; raises ``UserError`` when nothing would run."""
+def segments(plan: Plan, cfg: RunConfig, per_epoch: int, start: int = 0) -> Segments:
+    """Cut the run into programs; raises ``UserError`` when nothing would run.
+
+    ``start`` is the units trained before this run (``--resume``). With ``--epochs N`` the run ends at the
+    N-th epoch end from there: resumed mid-epoch, its first segment finishes that epoch (it ran a whole
+    epoch's length from the checkpoint instead, and validated mid-epoch, labelled as the next one)."""
     ups = units_per_step(plan)
     if cfg.steps is not None:
         return Segments((cfg.steps * ups,), False, ups)
@@ -99,7 +104,8 @@ def segments(plan: Plan, cfg: RunConfig, per_epoch: int) -> Segments:
             f"dataset: one epoch holds {per_epoch} units of {plan.batch_size} samples, fewer than one step "
             f"({ups} units); use --steps or a smaller --microbatches"
         )
-    return Segments((units,) * epochs, True, ups)
+    rest = units - start % units if start % units else units
+    return Segments((rest,) + (units,) * (epochs - 1), True, ups, units)
 
 
 def chunk_lengths(segs: Segments, cfg: RunConfig, base: int = 0) -> set[int]:

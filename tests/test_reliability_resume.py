@@ -258,3 +258,16 @@ def test_a_resumed_run_labels_its_validation_by_the_training_epoch(tmp_path: Pat
     assert validated("--epochs", "2", "--resume") == [1, 2]
     per_epoch = 1438 // 8 // M  # zoo:digits' 1,438 training samples: 89 steps of M units of 8
     assert validated("--steps", str(per_epoch), "--resume") == [3]
+    # Resumed mid-epoch, --epochs 1 finishes that epoch: it ran an epoch's length from the checkpoint and
+    # validated mid-epoch 5, labelled 5, with nothing at the end of epoch 4.
+    res = CliRunner().invoke(
+        main, [str(plan), "-q", "--checkpoint-dir", str(ck), "--steps", "30", "--resume"]
+    )
+    assert res.exit_code == 0, res.output
+    finish = CliRunner().invoke(
+        main, [str(plan), "-q", "--checkpoint-dir", str(ck), "--epochs", "1", "--resume"]
+    )
+    assert finish.exit_code == 0, finish.output
+    summary = json.loads(finish.stdout)
+    assert summary["steps"] == per_epoch - 30
+    assert [(e["epoch"], e["step"]) for e in summary["validation"]] == [(4, 5 * per_epoch)]  # steps done

@@ -44,7 +44,10 @@ def test_segments_are_the_steps_or_whole_steps_of_each_epoch(replicated: Plan) -
     assert segments(replicated, RunConfig(steps=3), per_epoch=100) == Segments((18,), False, 6)
     assert segments(replicated, RunConfig(steps=3), per_epoch=100).steps == 3
     by_epoch = segments(replicated, RunConfig(epochs=2), per_epoch=20)  # 20 units: 3 whole steps of 6
-    assert by_epoch == Segments((18, 18), True, 6) and by_epoch.steps == 6
+    assert by_epoch == Segments((18, 18), True, 6, 18) and by_epoch.steps == 6
+    # Resumed 5 steps (30 units) in: the first segment finishes that epoch, and the run ends at an epoch's end.
+    resumed = segments(replicated, RunConfig(epochs=2), per_epoch=20, start=30)
+    assert resumed == Segments((6, 18), True, 6, 18) and resumed.epoch_at(54, 20) == 2
     with pytest.raises(
         UserError, match=r"one epoch holds 5 units of 8 samples, fewer than one step \(6 units\)"
     ):
