@@ -262,7 +262,7 @@ def run(
         )
     except Stopped as exc:
         # What the workers trained before the signal: written as a finished run's, then the signal's exit.
-        if exc.results:
+        if any(len(r.rows) for r in exc.results):  # a step every worker finished: else nothing to write
             _report(exc.results, p, cfg, quiet, stopped_by=exc)
         if exc.signum == signal.SIGINT:
             raise KeyboardInterrupt from None  # "pdrun: aborted", 130, as Ctrl-C anywhere else
