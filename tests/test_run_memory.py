@@ -28,9 +28,11 @@ MNIST = RunSpec(model="zoo:mnist_cnn", model_args={"channels": 16}, data="zoo:mn
 # model's: over seven models' stages (bench_predict) measured / predicted ran 0.70-1.40, where
 # without the overhead it ran 1.5-7.6; here, under make test's load, stage 1 measured 0.56 once.
 # Stage 0 (conv1's 3.2 MB outputs and their gradients) is a known under-prediction (docs/pdplan.md):
-# 1.24-1.43 alone, 1.55 once under make test's load (2026-12-03). Stated band: 0.5-2.0 (a missing
+# 1.24-1.43 alone, 1.55 once under make test's load (2026-12-03), 2.03 once in a fresh clone's CI
+# (2026-12-08): glibc's heap placement of its interleaved 3.2, 1.6 and 0.8 MB blocks, which moves from run
+# to run (issue 17; the heap spans 42.9 MB for 19.8 MB of live blocks). Stated band: 0.5-2.5 (a missing
 # overhead reads 3.6-4.2 on stage 0, one charged twice below 0.5).
-LOW, HIGH = 0.5, 2.0
+LOW, HIGH = 0.5, 2.5
 
 
 def _profile(tmp_path: Path) -> LayerGraph:
