@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from shared.artifact import Strict, Writer, checked_shape, dump_json, load_json_artifact, save_json_artifact
 from shared.spec import RunSpec, artifact_folder
@@ -92,6 +92,7 @@ class LayerGraph(Strict):
     graph: dict[str, Any] = Field(default_factory=dict)
     nodes: list[Node] = Field(min_length=1)
     edges: list[Edge] = Field(default_factory=list)
+    _index: tuple[tuple[int, int], dict[str, Node]] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_dag(self) -> LayerGraph:
@@ -146,17 +147,23 @@ class LayerGraph(Strict):
         reader) and a copy of every tied parameter one of them reads but an earlier stage's layer owns (pdrun
         gives each stage its own copy and sums their gradients, ``pdrun.tied``)."""
         inside = set(layers)
-        held = sum(n.parameter_bytes for n in self.nodes if n.id in inside)
+        by_id = self._by_id()
+        held = sum(by_id[layer].parameter_bytes for layer in inside if layer in by_id)
         for readers, size in self.ties():
             if size is not None and readers[0] not in inside and inside.intersection(readers):
                 held += size
         return float(held)
 
     def node(self, node_id: str) -> Node:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(node_id)
+        return self._by_id()[node_id]
+
+    def _by_id(self) -> dict[str, Node]:
+        """The nodes by id, built once per nodes list: the planner asks per stage of every plan it tries, and
+        a scan of every node per stage cost O(layers x stages) a plan."""
+        key = (id(self.nodes), len(self.nodes))
+        if self._index is None or self._index[0] != key:
+            self._index = (key, {n.id: n for n in self.nodes})
+        return self._index[1]
 
 
 def _acyclic(nodes: list[Node], edges: list[Edge]) -> bool:
